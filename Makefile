@@ -1,0 +1,43 @@
+# The make targets are the interface; see README.md.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+ARGS ?=
+
+.PHONY: run test lint fmt proto demo bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: $(STAMP)  ## start the service (offline scripted model unless ANTHROPIC_API_KEY is set)
+	$(VENV)/bin/agent-rewind serve $(ARGS)
+
+test: $(STAMP)  ## unit and integration tests, against the real Claude Code CLI
+	$(PY) -m pytest $(ARGS)
+
+lint: $(STAMP)  ## ruff, mypy --strict, proto lint
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
+	$(VENV)/bin/mypy
+	$(PY) scripts/lint_protos.py
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format src tests scripts
+	$(VENV)/bin/ruff check --fix src tests scripts
+
+proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 from protos/
+	$(PY) scripts/gen_protos.py
+
+demo: $(STAMP)  ## walk through the product against a running `make run`
+	$(PY) scripts/demo.py $(ARGS)
+
+bench: $(STAMP)  ## speed targets, medians side by side
+	$(PY) -m benchmarks $(ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+"""Reusable test support: the scripted model server."""
+
+from agent_rewind.testing.scripted_model import RECALL_PREFIX, ScriptedModel, answer, visible_prompts
+
+__all__ = ["RECALL_PREFIX", "ScriptedModel", "answer", "visible_prompts"]
