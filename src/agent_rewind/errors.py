@@ -1,0 +1,150 @@
+"""Typed domain errors. Each carries the ErrorInfo reason API.md names.
+
+Domain code raises these; `agent_rewind.rpc.errors` is the one place that maps them
+to gRPC status codes. Nothing else decides a status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class AgentRewindError(Exception):
+    """A failure a client can act on. `reason` is the ErrorInfo reason (UPPER_SNAKE)."""
+
+    reason = "INTERNAL"
+
+    def __init__(self, message: str, *, metadata: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+
+class SessionNotFound(AgentRewindError):
+    reason = "SESSION_NOT_FOUND"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} not found", metadata={"session_id": session_id})
+
+
+class MessageNotFound(AgentRewindError):
+    reason = "MESSAGE_NOT_FOUND"
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(
+            f"message {message_id!r} is not in the session's visible conversation",
+            metadata={"message_id": message_id},
+        )
+
+
+class NotARewindPoint(AgentRewindError):
+    reason = "NOT_A_REWIND_POINT"
+
+    def __init__(self, message_id: str, what: str) -> None:
+        super().__init__(
+            f"message {message_id!r} is {what}, not a user prompt; only prompts are rewind points",
+            metadata={"message_id": message_id, "kind": what},
+        )
+
+
+class InvalidArgument(AgentRewindError):
+    """A malformed field. `field` is the request field's name, for google.rpc.BadRequest."""
+
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(f"{field}: {description}", metadata={"field": field})
+        self.field = field
+        self.description = description
+
+
+class TurnInFlight(AgentRewindError):
+    reason = "TURN_IN_FLIGHT"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} has a turn in flight; wait for its result or Interrupt it",
+            metadata={"session_id": session_id},
+        )
+
+
+class NoConversationAnchor(AgentRewindError):
+    reason = "NO_CONVERSATION_ANCHOR"
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(
+            f"message {message_id!r} is the session's first prompt: there is no earlier message "
+            "to resume the conversation at",
+            metadata={"message_id": message_id},
+        )
+
+
+class FileCheckpointUnavailable(AgentRewindError):
+    reason = "FILE_CHECKPOINT_UNAVAILABLE"
+
+    def __init__(self, message_id: str, sdk_error: str) -> None:
+        super().__init__(
+            f"files cannot be rewound to {message_id!r}: {sdk_error}",
+            metadata={"message_id": message_id, "sdk_error": sdk_error},
+        )
+
+
+class CheckpointingDisabled(AgentRewindError):
+    reason = "CHECKPOINTING_DISABLED"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} was created without file checkpointing; files cannot be rewound",
+            metadata={"session_id": session_id},
+        )
+
+
+class RewindConflict(AgentRewindError):
+    reason = "REWIND_CONFLICT"
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(
+            f"expected_last_message_id {expected!r} is stale: the newest visible message is {actual!r}",
+            metadata={"last_message_id": actual, "expected_last_message_id": expected},
+        )
+
+
+class RequestIdReused(AgentRewindError):
+    reason = "REQUEST_ID_REUSED"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request_id {request_id!r} was used before with different arguments",
+            metadata={"request_id": request_id},
+        )
+
+
+class WorkspaceOutsideRoot(AgentRewindError):
+    reason = "WORKSPACE_OUTSIDE_ROOT"
+
+    def __init__(self, cwd: str, roots: list[str]) -> None:
+        super().__init__(
+            f"cwd {cwd!r} resolves outside the workspace roots {roots}",
+            metadata={"cwd": cwd, "workspace_roots": ",".join(roots)},
+        )
+
+
+class AgentUnavailable(AgentRewindError):
+    """The Claude Code process could not be started, or died. Retryable."""
+
+    reason = "AGENT_UNAVAILABLE"
+
+    def __init__(self, session_id: str, detail: str) -> None:
+        super().__init__(
+            f"the agent process of session {session_id!r} is unavailable: {detail}",
+            metadata={"session_id": session_id},
+        )
+
+
+class ShuttingDown(AgentRewindError):
+    """The server is draining; the caller should retry on another replica."""
+
+    reason = "SHUTTING_DOWN"
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down; retry against another replica")
