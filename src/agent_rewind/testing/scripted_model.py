@@ -7,6 +7,7 @@ the language is documented in docs/scripted-model.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import threading
@@ -178,8 +179,7 @@ def answer(request: dict[str, Any]) -> Reply:
 
     blocks: list[dict[str, Any]] = []
     texts = [
-        RECALL_PREFIX + json.dumps(visible_prompts(messages)) if t == "\x00recall" else t
-        for t in step.text
+        RECALL_PREFIX + json.dumps(visible_prompts(messages)) if t == "\x00recall" else t for t in step.text
     ]
     if texts:
         blocks.append({"type": "text", "text": "\n".join(texts)})
@@ -194,20 +194,24 @@ def answer(request: dict[str, Any]) -> Reply:
 
 def _sse_events(reply: Reply, model: str) -> Iterator[tuple[str, dict[str, Any]]]:
     usage = {"input_tokens": 10, "output_tokens": 1}
-    yield "message_start", {
-        "type": "message_start",
-        "message": {
-            "id": reply.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": usage,
+    yield (
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": reply.message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": usage,
+            },
         },
-    }
+    )
     for index, block in enumerate(reply.blocks):
+        start: dict[str, Any]
         if block["type"] == "text":
             start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
@@ -217,11 +221,14 @@ def _sse_events(reply: Reply, model: str) -> Iterator[tuple[str, dict[str, Any]]
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
         yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    yield "message_delta", {
-        "type": "message_delta",
-        "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
-        "usage": {"output_tokens": 10},
-    }
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": 10},
+        },
+    )
     yield "message_stop", {"type": "message_stop"}
 
 
@@ -240,12 +247,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+    def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         try:
             request = json.loads(self.rfile.read(length) or b"{}")
         except json.JSONDecodeError:
-            self._send_json(400, {"type": "error", "error": {"type": "invalid_request_error", "message": "bad json"}})
+            self._send_json(
+                400, {"type": "error", "error": {"type": "invalid_request_error", "message": "bad json"}}
+            )
             return
         path = self.path.split("?", 1)[0]
         if path.endswith("/count_tokens"):
@@ -320,7 +329,11 @@ class ScriptedModel:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        # shutdown() waits for serve_forever() to return, so it would block forever on a
+        # server that was never started.
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join()
         self._server.server_close()
 
     def __enter__(self) -> ScriptedModel:
@@ -328,3 +341,26 @@ class ScriptedModel:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serves the scripted model in the foreground until interrupted."""
+    parser = argparse.ArgumentParser(
+        prog="python -m agent_rewind.testing.scripted_model",
+        description="A scripted stand-in for the Anthropic Messages API (docs/scripted-model.md).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
+    args = parser.parse_args(argv)
+    model = ScriptedModel(args.host, args.port)
+    print(f"ANTHROPIC_BASE_URL={model.base_url}", flush=True)
+    try:
+        model._server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        model._server.server_close()
+
+
+if __name__ == "__main__":
+    main()

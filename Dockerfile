@@ -1,0 +1,74 @@
+# syntax=docker/dockerfile:1
+#
+# agent-rewind: the gRPC service and the Claude Code CLI it drives, in one image.
+#
+#   docker build -t agent-rewind .
+#   docker run -p 50051:50051 -v agent-rewind:/var/lib/agent-rewind agent-rewind
+#   docker run ... -e ANTHROPIC_API_KEY=... agent-rewind      # the real model instead of the scripted one
+#
+# Arguments after the image name are appended to `agent-rewind serve` (e.g. --log-level debug).
+#
+# No HEALTHCHECK: the service answers the standard gRPC health protocol (grpc.health.v1), and the
+# image carries no probe binary. Kubernetes probes it natively (deploy/kubernetes.yaml); elsewhere,
+# probe it with grpc_health_probe or grpcurl from outside the container.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# --- builder: the package and its dependencies in a venv --------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+
+WORKDIR /build
+# Dependencies first, read from pyproject.toml, so a source change does not re-download them
+# (the claude-agent-sdk wheel bundles the Claude Code CLI binary, about 370 MB).
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > requirements.txt \
+    && pip install -r requirements.txt
+
+COPY README.md ./
+COPY src ./src
+RUN pip install --no-deps . \
+    && agent-rewind --help > /dev/null
+
+# --- runtime ------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+
+# tini as PID 1: it forwards SIGTERM to the service (which shuts down gracefully) and reaps the
+# orphans the CLI's tool processes can leave behind.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/*
+
+ARG UID=10001
+RUN groupadd --system --gid ${UID} agent-rewind \
+    && useradd --system --uid ${UID} --gid agent-rewind --no-create-home \
+        --home-dir /var/lib/agent-rewind --shell /usr/sbin/nologin agent-rewind \
+    && mkdir -p /var/lib/agent-rewind \
+    && chown agent-rewind:agent-rewind /var/lib/agent-rewind
+
+# Same base image and same path as in the builder, so the venv's interpreter links still resolve.
+COPY --from=builder /opt/venv /opt/venv
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/var/lib/agent-rewind \
+    AGENT_REWIND_LOG_FORMAT=json
+
+# Numeric, so Kubernetes can check runAsNonRoot against the image.
+USER ${UID}:${UID}
+WORKDIR /var/lib/agent-rewind
+
+# Everything durable: the ledger, the event log, the CLI's transcripts and file checkpoints, and
+# (by default) the session workspaces. Losing it loses every session.
+VOLUME ["/var/lib/agent-rewind"]
+EXPOSE 50051
+
+ENTRYPOINT ["/usr/bin/tini", "--", "agent-rewind", "serve", "--listen", "0.0.0.0:50051", "--state-dir", "/var/lib/agent-rewind"]
+CMD []
