@@ -1,0 +1,337 @@
+"""The `agent-rewind` command: `serve` runs the service; every other command is a client of it.
+
+Client commands print plain-text tables (or, with `--json`, the API's messages as JSON) on stdout,
+and a failed RPC as `error: <STATUS> <REASON>: <message>` on stderr with exit code 1. Usage errors
+exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+import grpc
+
+from agent_rewind.api.v1 import rewind_pb2
+from agent_rewind.client import (
+    MODES,
+    Client,
+    UsageError,
+    build_options,
+    follow_turn,
+    format_capabilities,
+    format_points,
+    format_rewind_result,
+    format_session,
+    format_sessions,
+    parse_mode,
+    read_prompt_text,
+    render_rpc_error,
+    resolve_server,
+    to_json,
+)
+from agent_rewind.config import add_arguments, from_arguments
+
+PROG = "agent-rewind"
+EXIT_RPC_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+Handler = Callable[[argparse.Namespace, Client, TextIO], int]
+
+
+# --- argument types -----------------------------------------------------------------------------
+
+
+def _mode_arg(text: str) -> rewind_pb2.RewindMode.ValueType:
+    try:
+        return parse_mode(text)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _page_size_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 (the server's default) or more")
+    return value
+
+
+# --- client commands ----------------------------------------------------------------------------
+
+
+def _print(out: TextIO, text: str) -> None:
+    out.write(text + "\n")
+    out.flush()
+
+
+def _session_create(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    options = build_options(args.option or (), args.options_json)
+    # A relative --cwd means relative to where the command runs; the server resolves paths on its own machine.
+    cwd = os.path.abspath(args.cwd) if args.cwd else ""
+    session = client.create_session(
+        cwd=cwd,
+        session_id=args.session_id or "",
+        options=options,
+        file_checkpointing=False if args.no_checkpointing else None,
+        request_id=args.request_id or "",
+    )
+    _print(out, to_json(session) if args.json else format_session(session))
+    return 0
+
+
+def _session_list(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    if args.all:
+        response = client.list_all_sessions(page_size=args.page_size)
+    else:
+        response = client.list_sessions(page_size=args.page_size, page_token=args.page_token)
+    if args.json:
+        _print(out, to_json(response))
+        return 0
+    _print(out, format_sessions(response.sessions))
+    if response.next_page_token:
+        _print(out, f"more: --page-token {response.next_page_token} (or --all)")
+    return 0
+
+
+def _session_show(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    session = client.get_session(args.session_id)
+    _print(out, to_json(session) if args.json else format_session(session))
+    return 0
+
+
+def _session_close(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    session = client.close_session(args.session_id)
+    _print(out, to_json(session) if args.json else format_session(session))
+    return 0
+
+
+def _session_interrupt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    session = client.interrupt(args.session_id)
+    _print(out, to_json(session) if args.json else format_session(session))
+    return 0
+
+
+def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    text = read_prompt_text(args.text)
+    stream = client.prompt(args.session_id, text)
+    try:
+        outcome = follow_turn(stream, out, json_lines=args.json)
+    except KeyboardInterrupt:
+        stream.cancel()
+        sys.stderr.write(
+            "stopped listening; the turn runs on to its end on the server "
+            f"(`{PROG} session interrupt {args.session_id}` stops it)\n"
+        )
+        return EXIT_INTERRUPTED
+    if outcome.result is None:
+        sys.stderr.write("error: the turn's stream ended without a result\n")
+        return EXIT_RPC_ERROR
+    return EXIT_RPC_ERROR if outcome.result.is_error else 0
+
+
+def _points(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    if args.all:
+        response = client.list_all_points(args.session_id, page_size=args.page_size)
+    else:
+        response = client.list_points(args.session_id, page_size=args.page_size, page_token=args.page_token)
+    if args.json:
+        _print(out, to_json(response))
+        return 0
+    _print(out, format_points(response.points, response.last_message_id))
+    if response.next_page_token:
+        _print(out, f"more: --page-token {response.next_page_token} (or --all)")
+    return 0
+
+
+def _rewind(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    result = client.rewind(
+        args.session_id,
+        args.message_id,
+        args.mode,
+        dry_run=args.dry_run,
+        expected_last_message_id=args.expect_last,
+        request_id=args.request_id or "",
+    )
+    _print(
+        out, to_json(result) if args.json else format_rewind_result(result, args.mode, dry_run=args.dry_run)
+    )
+    return 0
+
+
+def _capabilities(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    caps = client.capabilities()
+    _print(out, to_json(caps) if args.json else format_capabilities(caps))
+    return 0
+
+
+# --- the parser ---------------------------------------------------------------------------------
+
+
+def _client_options(*, top_level: bool) -> argparse.ArgumentParser:
+    """--server and --json, accepted before or after the command.
+
+    On subcommands their default is SUPPRESS, so a value given before the command is not overwritten.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        default=None if top_level else argparse.SUPPRESS,
+        help="the agent-rewind server (default $AGENT_REWIND_SERVER, else 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top_level else argparse.SUPPRESS,
+        help="print the API's messages as JSON instead of tables",
+    )
+    return parser
+
+
+def _command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Handler,
+    help_text: str,
+    common: argparse.ArgumentParser,
+) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(name, help=help_text, description=help_text, parents=[common])
+    parser.set_defaults(handler=handler, subparser=parser)
+    return parser
+
+
+def _add_paging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--page-size", type=_page_size_arg, default=0, metavar="N", help="at most N per page (server default)"
+    )
+    parser.add_argument("--page-token", default="", help="the page after a previous listing")
+    parser.add_argument("--all", action="store_true", help="fetch every page")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Host Claude Agent SDK sessions and rewind their files and conversation.",
+        parents=[_client_options(top_level=True)],
+    )
+    common = _client_options(top_level=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser("serve", help="run the gRPC service", description="Run the gRPC service.")
+    add_arguments(serve)
+    serve.set_defaults(handler=None, subparser=serve)
+
+    session = commands.add_parser("session", help="create, list, show, close or interrupt sessions")
+    session_commands = session.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+
+    create = _command(session_commands, "create", _session_create, "register a session", common)
+    create.add_argument(
+        "--cwd", metavar="DIR", help="the workspace (default: a fresh one of the session's own)"
+    )
+    create.add_argument(
+        "--session-id", metavar="UUID", help="the SDK session id to use (default: the server's)"
+    )
+    create.add_argument(
+        "--no-checkpointing", action="store_true", help="take no file checkpoints (files cannot be rewound)"
+    )
+    create.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=JSON",
+        help="an SDK option; VALUE is read as JSON, else as a plain string (repeatable)",
+    )
+    create.add_argument("--options-json", metavar="'{...}'", help="SDK options as one JSON object")
+    create.add_argument("--request-id", metavar="UUID", help="makes a retried create idempotent")
+
+    listing = _command(session_commands, "list", _session_list, "list sessions, newest first", common)
+    _add_paging(listing)
+    for name, handler, help_text in (
+        ("show", _session_show, "show one session"),
+        ("close", _session_close, "end the session's live SDK client; the transcript stays"),
+        ("interrupt", _session_interrupt, "stop the turn in flight, if any"),
+    ):
+        _command(session_commands, name, handler, help_text, common).add_argument("session_id", metavar="ID")
+
+    prompt = _command(
+        commands, "prompt", _prompt, "run one turn and print its messages as they arrive", common
+    )
+    prompt.add_argument("session_id", metavar="SESSION")
+    prompt.add_argument("text", metavar="TEXT", help="the prompt, or - to read it from stdin")
+
+    points = _command(commands, "points", _points, "list a session's rewind points, oldest first", common)
+    points.add_argument("session_id", metavar="SESSION")
+    _add_paging(points)
+
+    rewind = _command(commands, "rewind", _rewind, "rewind a session to a prompt (or preview it)", common)
+    rewind.add_argument("session_id", metavar="SESSION")
+    rewind.add_argument(
+        "message_id", metavar="MESSAGE_ID", help="a rewind point's message_id (or a msg_... id)"
+    )
+    rewind.add_argument(
+        "--mode", type=_mode_arg, required=True, metavar="|".join(MODES), help="what to restore"
+    )
+    rewind.add_argument("--dry-run", action="store_true", help="preview: apply nothing")
+    rewind.add_argument(
+        "--expect-last", metavar="ID", default=None, help="refuse unless this is still the newest message"
+    )
+    rewind.add_argument("--request-id", metavar="UUID", help="a retry with the same id applies nothing again")
+
+    _command(commands, "capabilities", _capabilities, "what this deployment supports", common)
+    return parser
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Imported here so the client commands work without the server's dependencies loaded.
+    from agent_rewind.server import run
+
+    return int(run(from_arguments(args)))
+
+
+def _tolerant_stdout() -> None:
+    """Print what the terminal cannot encode as `?` rather than failing on the first arrow."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="replace")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.handler is None:
+        return _serve(args)
+    _tolerant_stdout()
+    server = resolve_server(args.server)
+    try:
+        with Client(server) as client:
+            code: int = args.handler(args, client, sys.stdout)
+            return code
+    except UsageError as err:
+        args.subparser.error(str(err))  # exits 2
+        return EXIT_USAGE
+    except grpc.RpcError as err:
+        sys.stdout.flush()
+        for line in render_rpc_error(err, server=server):
+            sys.stderr.write(line + "\n")
+        return EXIT_RPC_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader (`| head`) went away; point stdout at devnull so the exit flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

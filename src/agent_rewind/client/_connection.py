@@ -1,0 +1,206 @@
+"""A small synchronous client over a plain (insecure) gRPC channel, shared by the CLI and the demo."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+
+from agent_rewind.api.v1 import (
+    rewind_pb2,
+    rewind_service_pb2,
+    rewind_service_pb2_grpc,
+    session_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+SERVER_ENV = "AGENT_REWIND_SERVER"
+
+
+def resolve_server(flag: str | None, env: Mapping[str, str] | None = None) -> str:
+    """`--server`, else $AGENT_REWIND_SERVER, else 127.0.0.1:50051."""
+    environ = os.environ if env is None else env
+    return flag or environ.get(SERVER_ENV) or DEFAULT_SERVER
+
+
+def _is_loopback(server: str) -> bool:
+    host = server.rsplit(":", 1)[0].strip("[]") if ":" in server else server
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _options(server: str) -> list[tuple[str, Any]]:
+    # gRPC honours $http_proxy; a proxy cannot reach this machine's loopback, so never use one for it.
+    return [("grpc.enable_http_proxy", 0)] if _is_loopback(server) else []
+
+
+class Client:
+    """Typed calls on SessionService and RewindService. Failed calls raise grpc.RpcError.
+
+    Use as a context manager, or call `close()`, to release the channel.
+    """
+
+    def __init__(self, server: str, *, channel: Any = None) -> None:
+        self.server = server
+        self._channel: Any = (
+            channel if channel is not None else grpc.insecure_channel(server, _options(server))
+        )
+        self._sessions: session_service_pb2_grpc.SessionServiceStub = (
+            session_service_pb2_grpc.SessionServiceStub(self._channel)
+        )
+        self._rewinds: rewind_service_pb2_grpc.RewindServiceStub = rewind_service_pb2_grpc.RewindServiceStub(
+            self._channel
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    # --- SessionService ---------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        *,
+        cwd: str = "",
+        session_id: str = "",
+        options: struct_pb2.Struct | None = None,
+        file_checkpointing: bool | None = None,
+        request_id: str = "",
+    ) -> session_pb2.Session:
+        request = session_service_pb2.CreateSessionRequest(
+            cwd=cwd, session_id=session_id, options=options, request_id=request_id
+        )
+        if file_checkpointing is not None:
+            request.enable_file_checkpointing = file_checkpointing
+        session: session_pb2.Session = self._sessions.CreateSession(request)
+        return session
+
+    def get_session(self, session_id: str) -> session_pb2.Session:
+        session: session_pb2.Session = self._sessions.GetSession(
+            session_service_pb2.GetSessionRequest(session_id=session_id)
+        )
+        return session
+
+    def list_sessions(
+        self, *, page_size: int = 0, page_token: str = ""
+    ) -> session_service_pb2.ListSessionsResponse:
+        response: session_service_pb2.ListSessionsResponse = self._sessions.ListSessions(
+            session_service_pb2.ListSessionsRequest(page_size=page_size, page_token=page_token)
+        )
+        return response
+
+    def list_all_sessions(self, *, page_size: int = 0) -> session_service_pb2.ListSessionsResponse:
+        """Every page, merged into one response with no next_page_token."""
+        merged = session_service_pb2.ListSessionsResponse()
+        token = ""
+        while True:
+            page = self.list_sessions(page_size=page_size, page_token=token)
+            merged.sessions.extend(page.sessions)
+            token = page.next_page_token
+            if not token:
+                return merged
+
+    def prompt(self, session_id: str, text: str, *, request_id: str = "") -> PromptStream:
+        """Starts a turn. Iterate the result for its TurnEvents as they arrive; `cancel()` stops listening
+        (the turn itself runs on to its end on the server)."""
+        call = self._sessions.Prompt(
+            session_service_pb2.PromptRequest(
+                session_id=session_id, text=text, request_id=request_id or str(uuid.uuid4())
+            )
+        )
+        return PromptStream(call)
+
+    def interrupt(self, session_id: str) -> session_pb2.Session:
+        session: session_pb2.Session = self._sessions.Interrupt(
+            session_service_pb2.InterruptRequest(session_id=session_id)
+        )
+        return session
+
+    def close_session(self, session_id: str) -> session_pb2.Session:
+        session: session_pb2.Session = self._sessions.CloseSession(
+            session_service_pb2.CloseSessionRequest(session_id=session_id)
+        )
+        return session
+
+    # --- RewindService ----------------------------------------------------------------------------
+
+    def capabilities(self) -> rewind_pb2.Capabilities:
+        caps: rewind_pb2.Capabilities = self._rewinds.GetCapabilities(
+            rewind_service_pb2.GetCapabilitiesRequest()
+        )
+        return caps
+
+    def list_points(
+        self, session_id: str, *, page_size: int = 0, page_token: str = ""
+    ) -> rewind_service_pb2.ListRewindPointsResponse:
+        response: rewind_service_pb2.ListRewindPointsResponse = self._rewinds.ListRewindPoints(
+            rewind_service_pb2.ListRewindPointsRequest(
+                session_id=session_id, page_size=page_size, page_token=page_token
+            )
+        )
+        return response
+
+    def list_all_points(
+        self, session_id: str, *, page_size: int = 0
+    ) -> rewind_service_pb2.ListRewindPointsResponse:
+        """Every page, merged; last_message_id is the last page's."""
+        merged = rewind_service_pb2.ListRewindPointsResponse()
+        token = ""
+        while True:
+            page = self.list_points(session_id, page_size=page_size, page_token=token)
+            merged.points.extend(page.points)
+            merged.last_message_id = page.last_message_id
+            token = page.next_page_token
+            if not token:
+                return merged
+
+    def rewind(
+        self,
+        session_id: str,
+        message_id: str,
+        mode: rewind_pb2.RewindMode.ValueType,
+        *,
+        dry_run: bool = False,
+        expected_last_message_id: str | None = None,
+        request_id: str = "",
+    ) -> rewind_pb2.RewindResult:
+        """DryRun (applies nothing) or Rewind."""
+        request = rewind_service_pb2.RewindRequest(
+            session_id=session_id, message_id=message_id, mode=mode, request_id=request_id
+        )
+        if expected_last_message_id is not None:
+            request.expected_last_message_id = expected_last_message_id
+        method = self._rewinds.DryRun if dry_run else self._rewinds.Rewind
+        result: rewind_pb2.RewindResult = method(request)
+        return result
+
+
+class PromptStream:
+    """The TurnEvents of one Prompt call, in the order the server sends them."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[session_pb2.TurnEvent]:
+        for event in self._call:
+            typed: session_pb2.TurnEvent = event
+            yield typed
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -1,0 +1,310 @@
+"""Plain-text views of the API's messages: tables, key/value blocks and one line per turn event.
+
+Pure functions from protobuf messages to strings, so they are tested without a server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
+
+from agent_rewind.api.v1 import rewind_pb2, session_pb2
+
+from ._parsing import mode_name
+
+PREVIEW = 60  # characters of prompt text a table shows
+_INDENT_SUBAGENT = "    "
+# Tool input keys shown first, in this order: what the call acts on.
+_LEADING_KEYS = {
+    k: i for i, k in enumerate(["file_path", "notebook_path", "path", "command", "pattern", "url"])
+}
+
+
+def to_json(message: Message, *, compact: bool = False) -> str:
+    """The message as JSON with the proto's own field names and every field shown, defaults included."""
+    return json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        indent=None if compact else 2,
+        ensure_ascii=False,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """Newlines shown as ` ⏎ `, then cut to `limit` characters with a trailing `…`."""
+    flat = " ⏎ ".join(part.strip() for part in text.strip().splitlines())
+    if limit is not None and len(flat) > limit:
+        return flat[: max(limit - 1, 0)] + "…"
+    return flat
+
+
+def format_time(ts: timestamp_pb2.Timestamp) -> str:
+    """ISO 8601 in UTC to the second; `-` for an unset timestamp."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "-"
+    return ts.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = ()) -> str:
+    """Columns two spaces apart under their headers; the columns in `right` are right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def state_name(state: session_pb2.SessionState.ValueType) -> str:
+    """`SESSION_STATE_IDLE` -> `IDLE`."""
+    try:
+        name = session_pb2.SessionState.Name(state)
+    except ValueError:
+        return f"STATE_{int(state)}"
+    return name.removeprefix("SESSION_STATE_")
+
+
+def _key_values(pairs: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k.ljust(width)}  {v}".rstrip() for k, v in pairs)
+
+
+def struct_to_text(struct: struct_pb2.Struct) -> str:
+    """A Struct as compact JSON with sorted keys (a Struct keeps no order), whole numbers without `.0`."""
+    return json.dumps(
+        _whole(json_format.MessageToDict(struct)), ensure_ascii=False, separators=(", ", ": "), sort_keys=True
+    )
+
+
+def _whole(value: Any) -> Any:
+    """Struct numbers are doubles; show 5.0 as 5."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+
+def format_session(session: session_pb2.Session) -> str:
+    options = struct_to_text(session.options) if session.options.fields else "{}"
+    return _key_values(
+        [
+            ("session_id", session.session_id),
+            ("state", state_name(session.state)),
+            ("cwd", session.cwd),
+            ("turns", str(session.turn_count)),
+            ("last_message_id", session.last_message_id or "-"),
+            ("file_checkpointing", yes_no(session.file_checkpointing)),
+            ("created", format_time(session.create_time)),
+            ("updated", format_time(session.update_time)),
+            ("options", options),
+        ]
+    )
+
+
+def format_sessions(sessions: Sequence[session_pb2.Session]) -> str:
+    if not sessions:
+        return "no sessions"
+    rows = [
+        [
+            s.session_id,
+            state_name(s.state),
+            str(s.turn_count),
+            s.last_message_id or "-",
+            s.cwd,
+            format_time(s.update_time),
+        ]
+        for s in sessions
+    ]
+    return format_table(["SESSION", "STATE", "TURNS", "LAST MESSAGE", "CWD", "UPDATED"], rows, right=[2])
+
+
+# --- rewind points ------------------------------------------------------------------------------
+
+
+def format_points(points: Sequence[rewind_pb2.RewindPoint], last_message_id: str) -> str:
+    footer = f"last_message_id: {last_message_id or '-'}"
+    if not points:
+        return f"no rewind points\n{footer}"
+    rows = [
+        [
+            str(p.index),
+            p.message_id,
+            p.resume_at_message_id or "-",
+            yes_no(p.files_rewindable),
+            format_time(p.create_time),
+            one_line(p.text, PREVIEW),
+        ]
+        for p in points
+    ]
+    table = format_table(["#", "MESSAGE_ID", "RESUME_AT", "FILES", "CREATED", "TEXT"], rows, right=[0])
+    return f"{table}\n{footer}"
+
+
+# --- turn events --------------------------------------------------------------------------------
+
+
+def summarize_input(struct: struct_pb2.Struct, *, value_limit: int = 60, limit: int = 160) -> str:
+    """A tool's input as `{key: value, ...}`, each value cut to `value_limit`, the whole to `limit`.
+
+    A Struct keeps no key order, so the keys that say what a call is about come first, the rest sorted.
+    """
+    values = _whole(json_format.MessageToDict(struct))
+    parts = []
+    for key in sorted(values, key=lambda k: (_LEADING_KEYS.get(k, len(_LEADING_KEYS)), k)):
+        value = values[key]
+        shown = json.dumps(value, ensure_ascii=False)
+        if len(shown) > value_limit:
+            shown = shown[: value_limit - 1] + "…"
+        parts.append(f"{key}: {shown}")
+    text = "{" + ", ".join(parts) + "}"
+    return text if len(text) <= limit else text[: limit - 2] + "…}"
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    lines = text.strip().splitlines()
+    if not lines:
+        return "(empty)"
+    first = lines[0].strip()
+    more = len(lines) > 1
+    if len(first) > limit:
+        first, more = first[: limit - 1], True
+    return first + " …" if more else first
+
+
+def format_duration(ms: int) -> str:
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest:02d}s"
+
+
+def format_turn_event(event: session_pb2.TurnEvent) -> list[str]:
+    """The lines one TurnEvent prints as. A subagent's messages are indented under its tool call."""
+    indent = _INDENT_SUBAGENT if event.parent_tool_use_id else ""
+    kind = event.WhichOneof("event")
+    lines: list[str] = []
+    if kind == "user_prompt":
+        lines.append(f"› prompt {event.message_id or '-'}  {one_line(event.user_prompt.text)}")  # noqa: RUF001
+    elif kind == "assistant_message":
+        msg = event.assistant_message
+        text_lines = msg.text.strip().splitlines()
+        if text_lines:
+            lines.append(f"● {text_lines[0]}")
+            lines.extend(f"  {line}" for line in text_lines[1:])
+        lines.extend(f"⚙ {use.name} {summarize_input(use.input)}" for use in msg.tool_uses)
+    elif kind == "tool_result":
+        result = event.tool_result
+        error = " (error)" if result.is_error else ""
+        lines.append(f"↳ tool result{error} {_first_line(result.content)}")
+    elif kind == "result":
+        lines.extend(format_turn_result(event.result))
+    return [indent + line for line in lines]
+
+
+def format_turn_result(result: session_pb2.TurnResult) -> list[str]:
+    mark = "✗" if result.is_error or result.interrupted else "✓"
+    parts = [
+        f"{mark} result {result.subtype or '-'}",
+        f"{result.num_turns} turn{'' if result.num_turns == 1 else 's'}",
+        format_duration(result.duration_ms),
+        f"${result.total_cost_usd:.4f}",
+    ]
+    if result.interrupted:
+        parts.append("interrupted")
+    lines = [" · ".join(parts)]
+    if result.is_error and result.result:
+        lines.append(f"  {_first_line(result.result)}")
+    return lines
+
+
+# --- rewinds ------------------------------------------------------------------------------------
+
+
+def _refusal_lines(half: str, can_rewind: bool, refusal: rewind_pb2.Refusal, pad: str) -> list[str]:
+    head = f"{half:<17}can_rewind: {yes_no(can_rewind)} · refused {refusal.reason}"
+    lines = [f"{head}: {refusal.message}" if refusal.message else head]
+    lines.extend(f"{pad}  {k}: {refusal.metadata[k]}" for k in sorted(refusal.metadata))
+    return lines
+
+
+def _wants(mode: rewind_pb2.RewindMode.ValueType) -> tuple[bool, bool]:
+    """Which halves (files, conversation) a mode asks for."""
+    name = mode_name(mode)
+    return name in ("files", "both"), name in ("conversation", "both")
+
+
+def format_rewind_result(
+    result: rewind_pb2.RewindResult, mode: rewind_pb2.RewindMode.ValueType, *, dry_run: bool
+) -> str:
+    """Both halves of a DryRun or Rewind result, then the rewind id and the newest message id."""
+    want_files, want_conversation = _wants(mode)
+    pad = " " * 17
+    lines: list[str] = []
+
+    files = result.files
+    if not (files.requested or want_files):
+        lines.append(f"{'files':<17}not requested")
+    elif files.refusal.reason:
+        lines.extend(_refusal_lines("files", files.can_rewind, files.refusal, pad))
+    else:
+        changed = len(files.files_changed)
+        noun = "file" if changed == 1 else "files"
+        lines.append(
+            f"{'files':<17}can_rewind: {yes_no(files.can_rewind)} · {changed} {noun} changed"
+            f" (+{files.insertions} -{files.deletions}) · skipped links: {files.skipped_links}"
+        )
+        lines.extend(f"{pad}  {path}" for path in files.files_changed)
+
+    conv = result.conversation
+    if not (conv.requested or want_conversation):
+        lines.append(f"{'conversation':<17}not requested")
+    elif conv.refusal.reason:
+        lines.extend(_refusal_lines("conversation", conv.can_rewind, conv.refusal, pad))
+    else:
+        lines.append(
+            f"{'conversation':<17}can_rewind: {yes_no(conv.can_rewind)} · rewound: {yes_no(conv.rewound)}"
+            f" · messages dropped: {conv.messages_dropped}"
+        )
+
+    rewind_id = result.rewind_id or ("- (dry run: nothing was applied)" if dry_run else "-")
+    lines.append(f"{'rewind_id':<17}{rewind_id}")
+    lines.append(f"{'last_message_id':<17}{result.last_message_id or '-'}")
+    return "\n".join(lines)
+
+
+def format_capabilities(caps: rewind_pb2.Capabilities) -> str:
+    modes = ", ".join(mode_name(m) for m in caps.modes) or "-"
+    return _key_values(
+        [
+            ("service_version", caps.service_version or "-"),
+            ("sdk_version", caps.sdk_version or "-"),
+            ("cli_version", caps.cli_version or "-"),
+            ("modes", modes),
+            ("file_checkpoint_window", f"{caps.file_checkpoint_window} most recent prompts"),
+            ("dry_run", yes_no(caps.dry_run)),
+            ("events", yes_no(caps.events)),
+        ]
+    )

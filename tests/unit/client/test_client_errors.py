@@ -1,0 +1,154 @@
+"""A failed RPC renders as `error: <STATUS> <REASON>: <message>` plus its details, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from agent_rewind.client import code_name, is_unreachable, render_rpc_error, render_status, status_from_error
+
+DOMAIN = "agent-rewind.v1"
+
+
+def packed(message: Any) -> any_pb2.Any:
+    box = any_pb2.Any()
+    box.Pack(message)
+    return box
+
+
+def make_status(code: int, message: str, *details: Any) -> status_pb2.Status:
+    return status_pb2.Status(code=code, message=message, details=[packed(d) for d in details])
+
+
+class FakeRpcError(grpc.RpcError):  # type: ignore[misc]
+    """What a failed unary call raises: a grpc.RpcError that is also a grpc.Call."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: list[tuple[str, Any]] | None) -> None:
+        super().__init__()
+        self._code = code
+        self._details = details
+        self._trailing = trailing
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> list[tuple[str, Any]] | None:
+        return self._trailing
+
+
+def test_reason_message_and_sorted_metadata() -> None:
+    status = make_status(
+        code_pb2.ABORTED,
+        "expected_last_message_id 'a' is stale: the newest visible message is 'b'",
+        error_details_pb2.ErrorInfo(
+            reason="REWIND_CONFLICT",
+            domain=DOMAIN,
+            metadata={"last_message_id": "b", "expected_last_message_id": "a"},
+        ),
+    )
+    assert render_status(status) == [
+        "error: ABORTED REWIND_CONFLICT: expected_last_message_id 'a' is stale: the newest visible message is 'b'",
+        "  expected_last_message_id: a",
+        "  last_message_id: b",
+    ]
+
+
+def test_bad_request_field_violations_follow_the_metadata() -> None:
+    status = make_status(
+        code_pb2.INVALID_ARGUMENT,
+        "session_id: not a UUID",
+        error_details_pb2.ErrorInfo(
+            reason="INVALID_ARGUMENT", domain=DOMAIN, metadata={"field": "session_id"}
+        ),
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field="session_id", description="not a UUID"),
+                error_details_pb2.BadRequest.FieldViolation(field="page_size", description="at most 1000"),
+            ]
+        ),
+    )
+    assert render_status(status) == [
+        "error: INVALID_ARGUMENT INVALID_ARGUMENT: session_id: not a UUID",
+        "  field: session_id",
+        "  field session_id: not a UUID",
+        "  field page_size: at most 1000",
+    ]
+
+
+def test_retry_info_is_shown_for_a_retryable_agent_failure() -> None:
+    status = make_status(
+        code_pb2.UNAVAILABLE,
+        "the agent process died",
+        error_details_pb2.ErrorInfo(reason="AGENT_UNAVAILABLE", domain=DOMAIN, metadata={"session_id": "s"}),
+        error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1, nanos=500_000_000)),
+    )
+    assert not is_unreachable(status)
+    assert render_status(status) == [
+        "error: UNAVAILABLE AGENT_UNAVAILABLE: the agent process died",
+        "  session_id: s",
+        "  retry after 1.5s",
+    ]
+
+
+def test_status_without_error_info_shows_the_code_alone() -> None:
+    assert render_status(make_status(code_pb2.INTERNAL, "boom")) == ["error: INTERNAL: boom"]
+    assert render_status(make_status(code_pb2.DEADLINE_EXCEEDED, "")) == ["error: DEADLINE_EXCEEDED"]
+
+
+def test_unreachable_server_is_one_line_with_a_hint() -> None:
+    status = make_status(code_pb2.UNAVAILABLE, "failed to connect to all addresses\nmore")
+    assert is_unreachable(status)
+    assert render_status(status, server="127.0.0.1:50051") == [
+        "error: cannot reach agent-rewind at 127.0.0.1:50051 (failed to connect to all addresses); "
+        "is the server running (`make run` in another terminal)?"
+    ]
+
+
+def test_code_names() -> None:
+    assert code_name(5) == "NOT_FOUND"
+    assert code_name(99) == "CODE_99"
+
+
+def test_rpc_error_details_come_from_the_trailing_metadata() -> None:
+    status = make_status(
+        code_pb2.NOT_FOUND,
+        "session 'x' not found",
+        error_details_pb2.ErrorInfo(reason="SESSION_NOT_FOUND", domain=DOMAIN, metadata={"session_id": "x"}),
+    )
+    error = FakeRpcError(
+        grpc.StatusCode.NOT_FOUND,
+        "session 'x' not found",
+        [("other", "v"), ("grpc-status-details-bin", status.SerializeToString())],
+    )
+    assert render_rpc_error(error) == [
+        "error: NOT_FOUND SESSION_NOT_FOUND: session 'x' not found",
+        "  session_id: x",
+    ]
+
+
+def test_rpc_error_whose_status_disagrees_with_the_header_still_renders_the_details() -> None:
+    # grpc_status.rpc_status.from_call would raise ValueError here.
+    status = make_status(
+        code_pb2.NOT_FOUND, "from details", error_details_pb2.ErrorInfo(reason="MESSAGE_NOT_FOUND")
+    )
+    error = FakeRpcError(
+        grpc.StatusCode.NOT_FOUND, "from header", [("grpc-status-details-bin", status.SerializeToString())]
+    )
+    assert render_rpc_error(error) == ["error: NOT_FOUND MESSAGE_NOT_FOUND: from details"]
+
+
+def test_rpc_error_without_details_uses_code_and_details() -> None:
+    error = FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no", None)
+    assert status_from_error(error) == status_pb2.Status(code=code_pb2.PERMISSION_DENIED, message="no")
+    assert render_rpc_error(error) == ["error: PERMISSION_DENIED: no"]
+
+
+def test_undecodable_details_fall_back_to_code_and_details() -> None:
+    error = FakeRpcError(grpc.StatusCode.INTERNAL, "x", [("grpc-status-details-bin", b"\xff\xff\xff")])
+    assert render_rpc_error(error) == ["error: INTERNAL: x"]

@@ -1,0 +1,376 @@
+"""Plain-text views of the API's messages, pinned character for character."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from agent_rewind.api.v1 import rewind_pb2, session_pb2
+from agent_rewind.client import (
+    follow_turn,
+    format_capabilities,
+    format_duration,
+    format_points,
+    format_rewind_result,
+    format_session,
+    format_sessions,
+    format_table,
+    format_time,
+    format_turn_event,
+    one_line,
+    summarize_input,
+    to_json,
+)
+
+TS = timestamp_pb2.Timestamp(seconds=1764457865)  # 2025-11-29T23:11:05Z
+SID = "11111111-2222-3333-4444-555555555555"
+
+
+def struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(value)
+    return s
+
+
+def test_table_pads_columns_and_right_aligns_the_asked_ones() -> None:
+    table = format_table(["A", "NUM", "LAST"], [["xyz", "7", "end"], ["q", "123", ""]], right=[1])
+    assert table.splitlines() == [
+        "A    NUM  LAST",
+        "xyz    7  end",
+        "q    123",
+    ]
+
+
+def test_one_line_marks_newlines_and_cuts_with_an_ellipsis() -> None:
+    assert one_line("a\nb\n") == "a ⏎ b"
+    assert one_line("abcdefgh", 5) == "abcd…"
+    assert one_line("abcde", 5) == "abcde"
+
+
+def test_time_is_utc_iso_and_unset_is_a_dash() -> None:
+    assert format_time(TS) == "2025-11-29T23:11:05Z"
+    assert format_time(timestamp_pb2.Timestamp()) == "-"
+
+
+def test_durations() -> None:
+    assert [format_duration(ms) for ms in (0, 999, 1234, 59_949, 95_000)] == [
+        "0ms",
+        "999ms",
+        "1.2s",
+        "59.9s",
+        "1m35s",
+    ]
+
+
+# --- turn events --------------------------------------------------------------------------------
+
+
+def test_user_prompt_line_carries_the_message_id_and_the_text_on_one_line() -> None:
+    event = session_pb2.TurnEvent(
+        session_id=SID, message_id="u-1", user_prompt=session_pb2.UserPrompt(text="write a.txt x\nsay hi")
+    )
+    assert format_turn_event(event) == ["› prompt u-1  write a.txt x ⏎ say hi"]  # noqa: RUF001
+
+
+def test_assistant_text_then_one_line_per_tool_call() -> None:
+    event = session_pb2.TurnEvent(
+        session_id=SID,
+        message_id="a-1",
+        assistant_message=session_pb2.AssistantMessage(
+            api_message_id="msg_1",
+            text="I'll write.\nThen stop.",
+            tool_uses=[
+                session_pb2.ToolUse(
+                    id="toolu_1", name="Write", input=struct({"file_path": "/w/a.txt", "content": "x\n"})
+                ),
+                session_pb2.ToolUse(id="toolu_2", name="Bash", input=struct({"command": "ls", "timeout": 5})),
+            ],
+        ),
+    )
+    assert format_turn_event(event) == [
+        "● I'll write.",
+        "  Then stop.",
+        '⚙ Write {file_path: "/w/a.txt", content: "x\\n"}',
+        '⚙ Bash {command: "ls", timeout: 5}',
+    ]
+
+
+def test_tool_input_values_and_the_whole_summary_are_cut() -> None:
+    assert summarize_input(struct({"command": "x" * 100}), value_limit=10) == '{command: "xxxxxxxx…}'
+    long = summarize_input(struct({f"k{i}": i for i in range(40)}), limit=30)
+    assert len(long) == 30
+    assert long.endswith("…}")
+
+
+def test_tool_result_shows_its_first_line_and_marks_errors() -> None:
+    ok = session_pb2.TurnEvent(
+        message_id="t-1", tool_result=session_pb2.ToolResult(tool_use_id="toolu_1", content="done\nmore")
+    )
+    failed = session_pb2.TurnEvent(
+        message_id="t-2", tool_result=session_pb2.ToolResult(tool_use_id="toolu_2", content="", is_error=True)
+    )
+    assert format_turn_event(ok) == ["↳ tool result done …"]
+    assert format_turn_event(failed) == ["↳ tool result (error) (empty)"]
+
+
+def test_subagent_messages_are_indented() -> None:
+    event = session_pb2.TurnEvent(
+        message_id="s-1",
+        parent_tool_use_id="toolu_9",
+        assistant_message=session_pb2.AssistantMessage(
+            text="sub", tool_uses=[session_pb2.ToolUse(name="Read", input=struct({"file_path": "/w/a"}))]
+        ),
+    )
+    assert format_turn_event(event) == ["    ● sub", '    ⚙ Read {file_path: "/w/a"}']
+
+
+def test_result_line() -> None:
+    success = session_pb2.TurnEvent(
+        result=session_pb2.TurnResult(
+            subtype="success", num_turns=3, duration_ms=1234, total_cost_usd=0.01234
+        )
+    )
+    stopped = session_pb2.TurnEvent(
+        result=session_pb2.TurnResult(
+            subtype="error_during_execution",
+            is_error=True,
+            num_turns=1,
+            duration_ms=95_000,
+            result="boom\ntrace",
+            interrupted=True,
+        )
+    )
+    assert format_turn_event(success) == ["✓ result success · 3 turns · 1.2s · $0.0123"]
+    assert format_turn_event(stopped) == [
+        "✗ result error_during_execution · 1 turn · 1m35s · $0.0000 · interrupted",
+        "  boom …",
+    ]
+
+
+def test_an_event_of_an_unknown_kind_prints_nothing() -> None:
+    assert format_turn_event(session_pb2.TurnEvent(session_id=SID)) == []
+
+
+def test_follow_turn_prints_each_event_and_keeps_the_prompt_id_texts_and_result() -> None:
+    events = [
+        session_pb2.TurnEvent(message_id="u-1", user_prompt=session_pb2.UserPrompt(text="recall")),
+        session_pb2.TurnEvent(
+            message_id="s-1", parent_tool_use_id="toolu_9", user_prompt=session_pb2.UserPrompt(text="sub")
+        ),
+        session_pb2.TurnEvent(
+            message_id="s-2",
+            parent_tool_use_id="toolu_9",
+            assistant_message=session_pb2.AssistantMessage(text="subagent text"),
+        ),
+        session_pb2.TurnEvent(
+            message_id="a-1", assistant_message=session_pb2.AssistantMessage(text='RECALL: ["recall"]')
+        ),
+        session_pb2.TurnEvent(result=session_pb2.TurnResult(subtype="success", num_turns=1)),
+    ]
+    out = io.StringIO()
+    outcome = follow_turn(events, out)
+    assert out.getvalue().splitlines() == [
+        "› prompt u-1  recall",  # noqa: RUF001
+        "    › prompt s-1  sub",  # noqa: RUF001
+        "    ● subagent text",
+        '● RECALL: ["recall"]',
+        "✓ result success · 1 turn · 0ms · $0.0000",
+    ]
+    assert outcome.prompt_message_id == "u-1"
+    assert outcome.assistant_texts == ['RECALL: ["recall"]']
+    assert outcome.result is not None and outcome.result.subtype == "success"
+    assert outcome.ok
+
+
+def test_follow_turn_json_lines_prints_one_object_per_event() -> None:
+    out = io.StringIO()
+    outcome = follow_turn(
+        [
+            session_pb2.TurnEvent(
+                session_id=SID, message_id="u-1", user_prompt=session_pb2.UserPrompt(text="hi")
+            )
+        ],
+        out,
+        json_lines=True,
+    )
+    (line,) = out.getvalue().splitlines()
+    assert json.loads(line) == {
+        "session_id": SID,
+        "message_id": "u-1",
+        "parent_tool_use_id": "",
+        "user_prompt": {"text": "hi"},
+    }
+    assert outcome.result is None
+    assert not outcome.ok
+
+
+# --- sessions, points, rewinds, capabilities ----------------------------------------------------
+
+
+def make_session() -> session_pb2.Session:
+    return session_pb2.Session(
+        session_id=SID,
+        cwd="/w/a",
+        state=session_pb2.SESSION_STATE_IDLE,
+        last_message_id="m-9",
+        turn_count=3,
+        file_checkpointing=True,
+        create_time=TS,
+        update_time=TS,
+        options=struct({"model": "x", "max_turns": 5}),
+    )
+
+
+def test_session_block() -> None:
+    assert format_session(make_session()).splitlines() == [
+        f"session_id          {SID}",
+        "state               IDLE",
+        "cwd                 /w/a",
+        "turns               3",
+        "last_message_id     m-9",
+        "file_checkpointing  yes",
+        "created             2025-11-29T23:11:05Z",
+        "updated             2025-11-29T23:11:05Z",
+        'options             {"max_turns": 5, "model": "x"}',
+    ]
+
+
+def test_sessions_table() -> None:
+    closed = session_pb2.Session(
+        session_id="b", state=session_pb2.SESSION_STATE_CLOSED, turn_count=12, cwd="/w/b"
+    )
+    assert format_sessions([make_session(), closed]).splitlines() == [
+        "SESSION                               STATE   TURNS  LAST MESSAGE  CWD   UPDATED",
+        f"{SID}  IDLE        3  m-9           /w/a  2025-11-29T23:11:05Z",
+        "b                                     CLOSED     12  -             /w/b  -",
+    ]
+    assert format_sessions([]) == "no sessions"
+
+
+def test_points_table_with_the_last_message_footer() -> None:
+    points = [
+        rewind_pb2.RewindPoint(
+            message_id="p0",
+            text="write notes.txt first draft\nwrite todo.txt buy milk\nsay I wrote two files",
+            index=0,
+            create_time=TS,
+            files_rewindable=True,
+        ),
+        rewind_pb2.RewindPoint(
+            message_id="p1", resume_at_message_id="a0", text="edit", index=1, create_time=TS
+        ),
+    ]
+    assert format_points(points, "last").splitlines() == [
+        "#  MESSAGE_ID  RESUME_AT  FILES  CREATED               TEXT",
+        "0  p0          -          yes    2025-11-29T23:11:05Z  "
+        "write notes.txt first draft ⏎ write todo.txt buy milk ⏎ say…",
+        "1  p1          a0         no     2025-11-29T23:11:05Z  edit",
+        "last_message_id: last",
+    ]
+    assert format_points([], "") == "no rewind points\nlast_message_id: -"
+
+
+def test_dry_run_of_both_halves() -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(
+            can_rewind=True,
+            files_changed=["/w/extra.txt", "/w/notes.txt"],
+            insertions=1,
+            deletions=2,
+            requested=True,
+        ),
+        conversation=rewind_pb2.ConversationRewindResult(can_rewind=True, messages_dropped=8, requested=True),
+        last_message_id="a0",
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_BOTH, dry_run=True).splitlines() == [
+        "files            can_rewind: yes · 2 files changed (+1 -2) · skipped links: 0",
+        "                   /w/extra.txt",
+        "                   /w/notes.txt",
+        "conversation     can_rewind: yes · rewound: no · messages dropped: 8",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  a0",
+    ]
+
+
+def test_refused_half_shows_reason_message_and_metadata_and_the_other_half_not_requested() -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(
+            requested=True,
+            refusal=rewind_pb2.Refusal(
+                reason="FILE_CHECKPOINT_UNAVAILABLE",
+                message="no checkpoint",
+                metadata={"sdk_error": "gone", "message_id": "p0"},
+            ),
+        ),
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_FILES, dry_run=True).splitlines() == [
+        "files            can_rewind: no · refused FILE_CHECKPOINT_UNAVAILABLE: no checkpoint",
+        "                   message_id: p0",
+        "                   sdk_error: gone",
+        "conversation     not requested",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  -",
+    ]
+
+
+def test_applied_conversation_rewind() -> None:
+    result = rewind_pb2.RewindResult(
+        rewind_id="rw-1",
+        conversation=rewind_pb2.ConversationRewindResult(can_rewind=True, rewound=True, messages_dropped=4),
+        last_message_id="a0",
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_CONVERSATION, dry_run=False).splitlines() == [
+        "files            not requested",
+        "conversation     can_rewind: yes · rewound: yes · messages dropped: 4",
+        "rewind_id        rw-1",
+        "last_message_id  a0",
+    ]
+
+
+def test_unspecified_mode_shows_the_files_half() -> None:
+    text = format_rewind_result(rewind_pb2.RewindResult(), rewind_pb2.REWIND_MODE_UNSPECIFIED, dry_run=False)
+    assert text.splitlines()[:2] == [
+        "files            can_rewind: no · 0 files changed (+0 -0) · skipped links: 0",
+        "conversation     not requested",
+    ]
+
+
+def test_capabilities_block() -> None:
+    caps = rewind_pb2.Capabilities(
+        modes=[
+            rewind_pb2.REWIND_MODE_FILES,
+            rewind_pb2.REWIND_MODE_CONVERSATION,
+            rewind_pb2.REWIND_MODE_BOTH,
+        ],
+        file_checkpoint_window=100,
+        dry_run=True,
+        events=False,
+        service_version="0.1.0",
+        sdk_version="0.2.184",
+        cli_version="2.1.327",
+    )
+    assert format_capabilities(caps).splitlines() == [
+        "service_version         0.1.0",
+        "sdk_version             0.2.184",
+        "cli_version             2.1.327",
+        "modes                   files, conversation, both",
+        "file_checkpoint_window  100 most recent prompts",
+        "dry_run                 yes",
+        "events                  no",
+    ]
+
+
+def test_json_uses_proto_field_names_and_shows_defaults() -> None:
+    assert json.loads(to_json(rewind_pb2.Capabilities(modes=[rewind_pb2.REWIND_MODE_BOTH]))) == {
+        "modes": ["REWIND_MODE_BOTH"],
+        "file_checkpoint_window": 0,
+        "dry_run": False,
+        "events": False,
+        "service_version": "",
+        "sdk_version": "",
+        "cli_version": "",
+    }
+    assert "\n" not in to_json(make_session(), compact=True)
