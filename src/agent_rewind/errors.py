@@ -148,3 +148,23 @@ class ShuttingDown(AgentRewindError):
 
     def __init__(self) -> None:
         super().__init__("the server is shutting down; retry against another replica")
+
+
+class SessionAlreadyExists(AgentRewindError):
+    """CreateSession with the id of an existing session (and no matching request_id)."""
+
+    reason = "SESSION_ALREADY_EXISTS"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists", metadata={"session_id": session_id})
+
+
+class NotServed(AgentRewindError):
+    """An RPC of the contract this deployment does not serve yet (see GetCapabilities)."""
+
+    reason = "UNIMPLEMENTED"
+
+    def __init__(self, rpc: str) -> None:
+        super().__init__(
+            f"{rpc} is not served by this deployment; see GetCapabilities", metadata={"rpc": rpc}
+        )

@@ -1,0 +1,1 @@
+"""The gRPC layer: servicers, conversions and error mapping. The only user of generated code."""

@@ -1,0 +1,198 @@
+"""Domain objects <-> protobuf messages. Nothing outside rpc/ sees generated code."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from agent_rewind.api.v1 import rewind_pb2, session_pb2
+from agent_rewind.errors import InvalidArgument
+from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome
+from agent_rewind.rewind.points import PREVIEW_CHARS, RewindPoint
+from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, ToolResultEvent, TurnEvent
+from agent_rewind.sessions.worker import SessionWorker, State
+
+_STATES = {
+    State.IDLE: session_pb2.SESSION_STATE_IDLE,
+    State.RUNNING: session_pb2.SESSION_STATE_RUNNING,
+    State.HIBERNATED: session_pb2.SESSION_STATE_HIBERNATED,
+    State.CLOSED: session_pb2.SESSION_STATE_CLOSED,
+}
+_MODES = {
+    rewind_pb2.REWIND_MODE_UNSPECIFIED: Mode.FILES,
+    rewind_pb2.REWIND_MODE_FILES: Mode.FILES,
+    rewind_pb2.REWIND_MODE_CONVERSATION: Mode.CONVERSATION,
+    rewind_pb2.REWIND_MODE_BOTH: Mode.BOTH,
+}
+MODES_SERVED = [
+    rewind_pb2.REWIND_MODE_FILES,
+    rewind_pb2.REWIND_MODE_CONVERSATION,
+    rewind_pb2.REWIND_MODE_BOTH,
+]
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
+    return json_format.MessageToDict(value)
+
+
+def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(value)
+    return out
+
+
+def session(worker: SessionWorker) -> session_pb2.Session:
+    view = worker.view()
+    record = worker.record
+    return session_pb2.Session(
+        session_id=worker.session_id,
+        cwd=record.cwd,
+        state=_STATES[worker.state],
+        last_message_id=view.last_message_id,
+        turn_count=len(view.points),
+        file_checkpointing=record.checkpointing,
+        create_time=timestamp(record.create_time),
+        update_time=timestamp(max(worker.update_time, record.update_time)),
+        options=_struct(record.options),
+    )
+
+
+def turn_event(session_id: str, event: TurnEvent) -> session_pb2.TurnEvent:
+    if isinstance(event, PromptEvent):
+        return session_pb2.TurnEvent(
+            session_id=session_id,
+            message_id=event.message_id,
+            parent_tool_use_id=event.parent_tool_use_id,
+            user_prompt=session_pb2.UserPrompt(text=event.text),
+        )
+    if isinstance(event, AssistantEvent):
+        return session_pb2.TurnEvent(
+            session_id=session_id,
+            message_id=event.message_id,
+            parent_tool_use_id=event.parent_tool_use_id,
+            assistant_message=session_pb2.AssistantMessage(
+                api_message_id=event.api_message_id,
+                text=event.text,
+                model=event.model,
+                tool_uses=[
+                    session_pb2.ToolUse(id=c.id, name=c.name, input=_struct(c.input))
+                    for c in event.tool_calls
+                ],
+            ),
+        )
+    if isinstance(event, ToolResultEvent):
+        return session_pb2.TurnEvent(
+            session_id=session_id,
+            message_id=event.message_id,
+            parent_tool_use_id=event.parent_tool_use_id,
+            tool_result=session_pb2.ToolResult(
+                tool_use_id=event.tool_use_id, content=event.content, is_error=event.is_error
+            ),
+        )
+    assert isinstance(event, ResultEvent)
+    return session_pb2.TurnEvent(
+        session_id=session_id,
+        result=session_pb2.TurnResult(
+            subtype=event.subtype,
+            is_error=event.is_error,
+            num_turns=event.num_turns,
+            duration_ms=event.duration_ms,
+            total_cost_usd=event.total_cost_usd,
+            result=event.result,
+            stop_reason=event.stop_reason,
+            interrupted=event.interrupted,
+        ),
+    )
+
+
+def rewind_point(point: RewindPoint, checkpointing: bool) -> rewind_pb2.RewindPoint:
+    text = point.text if len(point.text) <= PREVIEW_CHARS else point.text[: PREVIEW_CHARS - 1] + "…"
+    return rewind_pb2.RewindPoint(
+        message_id=point.message_id,
+        resume_at_message_id=point.resume_at_message_id,
+        text=text,
+        index=point.index,
+        create_time=timestamp(point.create_time),
+        files_rewindable=checkpointing and point.has_checkpoint,
+    )
+
+
+def mode(value: int) -> Mode:
+    found: Mode | None = _MODES.get(value)  # type: ignore[call-overload]
+    if found is None:
+        raise InvalidArgument("mode", f"unknown RewindMode {value}")
+    return found
+
+
+def _refusal(value: Refusal | None) -> rewind_pb2.Refusal | None:
+    if value is None:
+        return None
+    return rewind_pb2.Refusal(reason=value.reason, message=value.message, metadata=value.metadata)
+
+
+def _files(half: FilesHalf) -> rewind_pb2.FilesRewindResult:
+    return rewind_pb2.FilesRewindResult(
+        requested=half.requested,
+        can_rewind=half.can_rewind,
+        files_changed=list(half.files_changed),
+        insertions=half.insertions,
+        deletions=half.deletions,
+        skipped_links=half.skipped_links,
+        refusal=_refusal(half.refusal),
+    )
+
+
+def _conversation(half: ConversationHalf) -> rewind_pb2.ConversationRewindResult:
+    return rewind_pb2.ConversationRewindResult(
+        requested=half.requested,
+        can_rewind=half.can_rewind,
+        rewound=half.rewound,
+        messages_dropped=half.messages_dropped,
+        refusal=_refusal(half.refusal),
+    )
+
+
+def rewind_result(outcome: RewindOutcome) -> rewind_pb2.RewindResult:
+    return rewind_pb2.RewindResult(
+        rewind_id=outcome.rewind_id,
+        files=_files(outcome.files),
+        conversation=_conversation(outcome.conversation),
+        last_message_id=outcome.last_message_id,
+    )
+
+
+# Paging (AIP-158): the token is an opaque, versioned offset.
+
+
+def page_bounds(page_size: int, page_token: str, default: int, maximum: int = 1000) -> tuple[int, int]:
+    if page_size < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    size = min(page_size or default, maximum)
+    if not page_token:
+        return 0, size
+    try:
+        data = json.loads(base64.urlsafe_b64decode(page_token.encode()))
+        offset = int(data["o"])
+        if data.get("v") != 1 or offset < 0:
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise InvalidArgument("page_token", "is not a token this service issued") from None
+    return offset, size
+
+
+def next_page_token(offset: int, size: int, total: int) -> str:
+    if offset + size >= total:
+        return ""
+    return base64.urlsafe_b64encode(json.dumps({"v": 1, "o": offset + size}).encode()).decode()

@@ -1,0 +1,71 @@
+"""What every handler shares: per-call log context and the error boundary."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from agent_rewind.errors import AgentRewindError
+from agent_rewind.rpc.errors import abort, abort_internal
+
+log = structlog.get_logger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+S = TypeVar("S")
+
+
+def _bind(rpc: str, request: Any) -> None:
+    structlog.contextvars.clear_contextvars()
+    context: dict[str, str] = {"rpc": rpc}
+    for name in ("session_id", "request_id"):
+        value = getattr(request, name, "")
+        if value:
+            context[name] = value
+    structlog.contextvars.bind_contextvars(**context)
+
+
+def unary(
+    fn: Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+) -> Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        _bind(fn.__name__, request)
+        try:
+            return await fn(self, request, context)
+        except AgentRewindError as err:
+            log.info("rpc refused", reason=err.reason, error=err.message)
+            await abort(context, err)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("rpc failed unexpectedly")
+            await abort_internal(context)
+        raise AssertionError("unreachable: abort raises")
+
+    return wrapper
+
+
+def streaming(
+    fn: Callable[[S, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]],
+) -> Callable[[S, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]]:
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
+        _bind(fn.__name__, request)
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except AgentRewindError as err:
+            log.info("rpc refused", reason=err.reason, error=err.message)
+            await abort(context, err)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("rpc failed unexpectedly")
+            await abort_internal(context)
+
+    return wrapper

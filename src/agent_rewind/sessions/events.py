@@ -1,0 +1,68 @@
+"""What a turn streams, in domain terms (no SDK or protobuf types)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEvent:
+    """The user prompt that opens a turn (or a subagent's prompt when parent_tool_use_id is set)."""
+
+    message_id: str
+    text: str
+    parent_tool_use_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    input: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantEvent:
+    message_id: str
+    api_message_id: str
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    model: str = ""
+    parent_tool_use_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultEvent:
+    message_id: str
+    tool_use_id: str
+    content: str
+    is_error: bool
+    parent_tool_use_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResultEvent:
+    subtype: str
+    is_error: bool
+    num_turns: int
+    duration_ms: int
+    total_cost_usd: float
+    result: str
+    stop_reason: str
+    interrupted: bool = False
+
+
+TurnEvent = PromptEvent | AssistantEvent | ToolResultEvent | ResultEvent
+
+
+@dataclass(frozen=True, slots=True)
+class FilesAnswer:
+    """The CLI's full answer to a rewind_files control request."""
+
+    can_rewind: bool
+    files_changed: tuple[str, ...] = ()
+    insertions: int = 0
+    deletions: int = 0
+    skipped_links: int = 0
+    error: str = ""

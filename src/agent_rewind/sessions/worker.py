@@ -1,0 +1,360 @@
+"""One worker per session: it owns the session's CLI process and serializes all work on it.
+
+Every prompt, rewind and rebuild of the client runs under the worker's lock (API.md rule
+4); different sessions have different workers and never wait on each other. A turn holds
+the lock until its result; a rewind that finds a turn running is refused at once
+(TURN_IN_FLIGHT) rather than queued behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from agent_rewind.rewind.transcript import ConversationView, TranscriptIndex
+
+from agent_rewind.errors import AgentRewindError, AgentUnavailable, ShuttingDown, TurnInFlight
+from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
+from agent_rewind.sessions.events import FilesAnswer, PromptEvent, ResultEvent
+from agent_rewind.sessions.turn import Turn
+from agent_rewind.store.ledger import Anchor, Ledger, SessionRecord
+
+log = structlog.get_logger(__name__)
+
+ClientFactory = Callable[[ClientSpec], AgentClient]
+
+
+class State:
+    IDLE = "IDLE"
+    RUNNING = "RUNNING"
+    HIBERNATED = "HIBERNATED"
+    CLOSED = "CLOSED"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What every worker shares: the ledger, how to start a client, and the CLI's environment."""
+
+    ledger: Ledger
+    client_factory: ClientFactory
+    cli_env: Mapping[str, str]
+    claude_config_dir: Path
+    idle_timeout: float
+
+
+def transcript_path(config_dir: Path, cwd: str, session_id: str) -> Path:
+    """Where the CLI writes a session's transcript (SDK-FACTS.md)."""
+    sanitized = "".join(c if c.isalnum() else "-" for c in cwd)
+    path = config_dir / "projects" / sanitized / f"{session_id}.jsonl"
+    if path.exists():
+        return path
+    found = sorted((config_dir / "projects").glob(f"*/{session_id}.jsonl"))
+    return found[0] if found else path
+
+
+class SessionWorker:
+    def __init__(self, record: SessionRecord, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+        self.record = record
+        self.session_id = record.session_id
+        self.lock = asyncio.Lock()
+        self._client: AgentClient | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._turn: Turn | None = None
+        self._turn_task: asyncio.Task[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._index: TranscriptIndex | None = None
+        self._shutting_down = False
+        self.update_time: datetime = record.update_time
+        self._log = log.bind(session_id=self.session_id)
+
+    # State
+
+    @property
+    def state(self) -> str:
+        if self._turn is not None and not self._turn.done:
+            return State.RUNNING
+        if self.record.closed:
+            return State.CLOSED
+        if self._client is not None and self._client.alive:
+            return State.IDLE
+        return State.HIBERNATED
+
+    @property
+    def turn_running(self) -> bool:
+        return self._turn is not None and not self._turn.done
+
+    @property
+    def client_pid(self) -> int | None:
+        return self._client.pid if self._client is not None else None
+
+    # The transcript, as the service shows it
+
+    def _transcript(self) -> TranscriptIndex:
+        if self._index is None:
+            path = transcript_path(self._ctx.claude_config_dir, self.record.cwd, self.session_id)
+            self._index = TranscriptIndex(path)
+        self._index.refresh()
+        return self._index
+
+    def view(self) -> ConversationView:
+        """The visible conversation: the transcript's own, cut at a pending rewind anchor if any.
+
+        A conversation rewind is durable the moment it returns because the cut lives in the
+        ledger until a new turn has written it into the transcript itself.
+        """
+        index = self._transcript()
+        anchor = self._ctx.ledger.anchor(self.session_id)
+        if anchor is None:
+            return index.view()
+        if self._cut_is_in_transcript(index, anchor):
+            self._ctx.ledger.clear_anchor(self.session_id, anchor.anchor_uuid)
+            self._log.info("rewind cut now in transcript", anchor=anchor.anchor_uuid)
+            return index.view()
+        return index.view(anchor.anchor_uuid)
+
+    def view_at(self, leaf: str) -> ConversationView:
+        """The conversation as it would be after a cut at `leaf`."""
+        return self._transcript().view(leaf)
+
+    @staticmethod
+    def _cut_is_in_transcript(index: TranscriptIndex, anchor: Anchor) -> bool:
+        leaf = index.leaf
+        entry = index.get(leaf) if leaf else None
+        if entry is None or entry.offset < anchor.transcript_size:
+            return False
+        view = index.view(leaf)
+        if not view.contains(anchor.anchor_uuid) or view.contains(anchor.target_message_id):
+            return False
+        # A whole new turn, not just bookkeeping written on resume.
+        return any(
+            p.message_id != anchor.target_message_id
+            and (e := index.get(p.message_id)) is not None
+            and e.offset >= anchor.transcript_size
+            for p in view.points[-1:]
+        )
+
+    def transcript_size(self) -> int:
+        size: int = self._transcript().size
+        return size
+
+    # The client
+
+    def _spec(self) -> ClientSpec:
+        anchor = self._ctx.ledger.anchor(self.session_id)
+        if anchor is not None:
+            self.view()  # clears the anchor when the transcript already shows the cut
+            anchor = self._ctx.ledger.anchor(self.session_id)
+        return ClientSpec(
+            session_id=self.session_id,
+            cwd=Path(self.record.cwd),
+            options=self.record.options,
+            checkpointing=self.record.checkpointing,
+            env=self._ctx.cli_env,
+            resume=self.record.started,
+            resume_session_at=anchor.anchor_uuid if anchor else None,
+            resume_drops_turn=anchor.drops_turn if anchor else None,
+            stderr=self._on_stderr,
+        )
+
+    def _on_stderr(self, line: str) -> None:
+        self._log.debug("cli stderr", line=line.rstrip())
+
+    async def ensure_client(self) -> AgentClient:
+        """The live client, started (or resumed from the transcript) if needed. Call under the lock."""
+        if self._shutting_down:
+            raise ShuttingDown()
+        if self._client is not None and self._client.alive:
+            return self._client
+        if self._client is not None:
+            self._log.warning("cli process gone; resuming the session in a new one")
+            self._drop_client()
+        await self._await_closing()
+        spec = self._spec()
+        started = time.perf_counter()
+        client = self._ctx.client_factory(spec)
+        try:
+            await client.start()
+        except AgentError as err:
+            self._log.error("cli did not start", error=str(err))
+            raise AgentUnavailable(self.session_id, str(err)) from err
+        self._client = client
+        if not self.record.started:
+            self._ctx.ledger.touch_session(self.session_id, started=True)
+            self.record = _replace(self.record, started=True)
+        self._log.info(
+            "cli started",
+            pid=client.pid,
+            resume=spec.resume,
+            resume_session_at=spec.resume_session_at,
+            ms=round((time.perf_counter() - started) * 1000),
+        )
+        return client
+
+    def _drop_client(self) -> None:
+        """Lets go of the live client; its process ends in the background."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        task = asyncio.create_task(client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _await_closing(self) -> None:
+        # Two CLI processes must never write one transcript at once.
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def invalidate_client(self) -> None:
+        """The conversation changed under the client (a rewind): rebuild it when next needed."""
+        self._drop_client()
+
+    # Turns
+
+    def check_no_turn(self) -> None:
+        if self.turn_running:
+            raise TurnInFlight(self.session_id)
+
+    async def start_turn(self, text: str) -> Turn:
+        """Starts a turn and returns its event log. The turn runs on without listeners."""
+        self.check_no_turn()
+        await self.lock.acquire()
+        try:
+            self.check_no_turn()
+            self._cancel_idle_timer()
+            client = await self.ensure_client()
+            if self.record.closed:
+                self._ctx.ledger.touch_session(self.session_id, closed=False)
+                self.record = _replace(self.record, closed=False)
+            try:
+                await client.send_prompt(text)
+            except AgentError as err:
+                self._drop_client()
+                raise AgentUnavailable(self.session_id, str(err)) from err
+        except BaseException:
+            self.lock.release()
+            raise
+        turn = Turn(self.session_id, text)
+        self._turn = turn
+        self._turn_task = asyncio.create_task(self._run_turn(client, turn), name=f"turn-{self.session_id}")
+        return turn
+
+    async def _run_turn(self, client: AgentClient, turn: Turn) -> None:
+        error: AgentRewindError | None = None
+        try:
+            async for event in client.receive_turn():
+                if isinstance(event, PromptEvent) and not event.parent_tool_use_id and not turn.prompt_id:
+                    turn.prompt_id = event.message_id
+                if isinstance(event, ResultEvent) and turn.interrupted:
+                    event = _replace(event, interrupted=True)
+                await turn.publish(event)
+        except AgentError as err:
+            self._log.error("turn failed", error=str(err))
+            self._drop_client()
+            error = AgentUnavailable(self.session_id, str(err))
+        except asyncio.CancelledError:
+            error = AgentUnavailable(self.session_id, "the turn was cancelled by a server shutdown")
+            self._drop_client()
+            raise
+        except Exception as err:  # a bug must not leave the session locked
+            self._log.exception("turn crashed")
+            self._drop_client()
+            error = AgentRewindError("the turn failed unexpectedly")
+            del err
+        finally:
+            self.update_time = self._ctx.ledger.touch_session(self.session_id)
+            with contextlib.suppress(Exception):
+                self.view()
+            await turn.finish(error)
+            self.lock.release()
+            self._arm_idle_timer()
+
+    async def interrupt(self) -> None:
+        turn, client = self._turn, self._client
+        if turn is None or turn.done or client is None:
+            return
+        turn.interrupted = True
+        try:
+            await client.interrupt()
+        except AgentError as err:
+            raise AgentUnavailable(self.session_id, str(err)) from err
+
+    # Files
+
+    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
+        """Asks the CLI to rewind (or preview rewinding) files. Call under the lock."""
+        client = await self.ensure_client()
+        try:
+            return await client.rewind_files(message_id, dry_run=dry_run)
+        except AgentError as err:
+            self._drop_client()
+            raise AgentUnavailable(self.session_id, str(err)) from err
+
+    # Lifecycle
+
+    def after_exclusive_use(self) -> None:
+        """Called when a rewind or other exclusive work ends: closed sessions give their process back."""
+        if self.record.closed:
+            self._drop_client()
+        else:
+            self._arm_idle_timer()
+
+    async def close(self) -> None:
+        """CloseSession: ends the live client. Reads and rewinds still work."""
+        async with self.lock:
+            self._cancel_idle_timer()
+            self._drop_client()
+            await self._await_closing()
+            self.update_time = self._ctx.ledger.touch_session(self.session_id, closed=True)
+            self.record = _replace(self.record, closed=True)
+
+    async def hibernate(self) -> None:
+        if self.lock.locked():
+            return
+        async with self.lock:
+            if self._client is not None and not self.turn_running:
+                self._log.info("hibernating idle session")
+                self._drop_client()
+                await self._await_closing()
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        if self._ctx.idle_timeout > 0 and not self._shutting_down:
+            loop = asyncio.get_running_loop()
+            self._idle_timer = loop.call_later(
+                self._ctx.idle_timeout, lambda: asyncio.ensure_future(self.hibernate())
+            )
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    async def shutdown(self, grace: float) -> None:
+        """Gives a running turn `grace` seconds, then ends the CLI process whatever happens."""
+        self._shutting_down = True
+        self._cancel_idle_timer()
+        turn, task = self._turn, self._turn_task
+        if turn is not None and not turn.done and task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(turn.wait()), grace)
+            except TimeoutError:
+                self._log.warning("turn still running at shutdown; stopping it")
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._drop_client()
+        await self._await_closing()
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)

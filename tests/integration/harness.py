@@ -1,0 +1,191 @@
+"""Helpers for integration tests: a real server on a free port, real CLI processes, the scripted model."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from agent_rewind.api.v1 import (
+    rewind_pb2,
+    rewind_service_pb2,
+    rewind_service_pb2_grpc,
+    session_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
+from agent_rewind.config import Config
+from agent_rewind.server import RunningServer, start
+from agent_rewind.testing import RECALL_PREFIX
+
+FILES = rewind_pb2.REWIND_MODE_FILES
+CONVERSATION = rewind_pb2.REWIND_MODE_CONVERSATION
+BOTH = rewind_pb2.REWIND_MODE_BOTH
+
+
+def test_config(state_dir: Path, **overrides: Any) -> Config:
+    """Always the offline scripted model, a state dir of the test's own, a free port."""
+    values: dict[str, Any] = {
+        "state_dir": state_dir,
+        "listen": "127.0.0.1:0",
+        "model": "offline",
+        "idle_timeout": 0,
+        "shutdown_grace": 5,
+    }
+    values.update(overrides)
+    return Config(**values).resolved()
+
+
+@dataclass
+class Client:
+    running: RunningServer
+    channel: grpc.aio.Channel
+    sessions: session_service_pb2_grpc.SessionServiceStub
+    rewinds: rewind_service_pb2_grpc.RewindServiceStub
+
+    async def create(self, **kwargs: Any) -> session_pb2.Session:
+        return await self.sessions.CreateSession(session_service_pb2.CreateSessionRequest(**kwargs))
+
+    async def prompt(self, session_id: str, text: str) -> list[session_pb2.TurnEvent]:
+        call = self.sessions.Prompt(session_service_pb2.PromptRequest(session_id=session_id, text=text))
+        return [event async for event in call]
+
+    async def get(self, session_id: str) -> session_pb2.Session:
+        return await self.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=session_id))
+
+    async def points(
+        self, session_id: str, page_size: int = 0
+    ) -> rewind_service_pb2.ListRewindPointsResponse:
+        return await self.rewinds.ListRewindPoints(
+            rewind_service_pb2.ListRewindPointsRequest(session_id=session_id, page_size=page_size)
+        )
+
+    async def all_points(self, session_id: str) -> list[rewind_pb2.RewindPoint]:
+        out: list[rewind_pb2.RewindPoint] = []
+        token = ""
+        while True:
+            page = await self.rewinds.ListRewindPoints(
+                rewind_service_pb2.ListRewindPointsRequest(
+                    session_id=session_id, page_size=1000, page_token=token
+                )
+            )
+            out.extend(page.points)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def dry_run(
+        self, session_id: str, message_id: str, mode: int, **kw: Any
+    ) -> rewind_pb2.RewindResult:
+        return await self.rewinds.DryRun(
+            rewind_service_pb2.RewindRequest(session_id=session_id, message_id=message_id, mode=mode, **kw)
+        )
+
+    async def rewind(self, session_id: str, message_id: str, mode: int, **kw: Any) -> rewind_pb2.RewindResult:
+        return await self.rewinds.Rewind(
+            rewind_service_pb2.RewindRequest(session_id=session_id, message_id=message_id, mode=mode, **kw)
+        )
+
+    async def recall(self, session_id: str) -> list[str]:
+        """The user prompts the model sees, by the scripted model's `recall`."""
+        events = await self.prompt(session_id, "recall")
+        for event in events:
+            text = event.assistant_message.text
+            if text.startswith(RECALL_PREFIX):
+                prompts: list[str] = json.loads(text[len(RECALL_PREFIX) :])
+                return prompts
+        raise AssertionError(f"no recall answer in {events}")
+
+
+@asynccontextmanager
+async def serve(state_dir: Path, **overrides: Any) -> AsyncIterator[Client]:
+    running = await start(test_config(state_dir, **overrides))
+    channel = grpc.aio.insecure_channel(running.address)
+    try:
+        yield Client(
+            running,
+            channel,
+            session_service_pb2_grpc.SessionServiceStub(channel),
+            rewind_service_pb2_grpc.RewindServiceStub(channel),
+        )
+    finally:
+        await channel.close()
+        await running.stop(grace=2)
+
+
+def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo of a failed call; fails the test when there is none."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None, f"no rich status on {err.code()}: {err.details()}"
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            assert info.domain == "agent-rewind.v1"
+            return info
+    raise AssertionError(f"no ErrorInfo in {status}")
+
+
+def bad_request(err: grpc.aio.AioRpcError) -> error_details_pb2.BadRequest:
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            out = error_details_pb2.BadRequest()
+            detail.Unpack(out)
+            return out
+    raise AssertionError(f"no BadRequest in {status}")
+
+
+def prompt_id(events: list[session_pb2.TurnEvent]) -> str:
+    ids = [e.message_id for e in events if e.HasField("user_prompt") and not e.parent_tool_use_id]
+    assert len(ids) == 1, events
+    return ids[0]
+
+
+def result_of(events: list[session_pb2.TurnEvent]) -> session_pb2.TurnResult:
+    assert events and events[-1].HasField("result"), events
+    return events[-1].result
+
+
+def transcript_entries(state_dir: Path, session_id: str) -> list[dict[str, Any]]:
+    files = list((state_dir / "claude" / "projects").glob(f"*/{session_id}.jsonl"))
+    assert len(files) == 1, files
+    return [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
+
+
+def cli_pids(marker: str) -> list[int]:
+    """Live Claude Code processes whose command line or environment mentions `marker`.
+
+    A session id appears in the command line (--session-id / --resume), a state dir in the
+    environment (CLAUDE_CONFIG_DIR).
+    """
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if "State:\tZ" in status:
+            continue
+        if "claude" not in cmdline or "agent-rewind" in cmdline or entry.name == str(os.getpid()):
+            continue
+        if marker in cmdline or marker in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None

@@ -1,0 +1,282 @@
+"""RewindService end to end: real server, real Claude Code processes, the scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.integration.harness import (
+    BOTH,
+    CONVERSATION,
+    FILES,
+    Client,
+    error_info,
+    prompt_id,
+    read,
+    serve,
+    transcript_entries,
+)
+
+P0 = "write a.txt v0\nsay made a"
+P1 = "edit a.txt v0 => v1\nwrite b.txt bee\nsay edited a, made b"
+P2 = "edit a.txt v1 => v2\nwrite c.txt sea\nsay edited a, made c"
+
+
+async def _three_turns(c: Client) -> tuple[str, Path, list[str]]:
+    session = await c.create()
+    ids = [prompt_id(await c.prompt(session.session_id, p)) for p in (P0, P1, P2)]
+    cwd = Path(session.cwd)
+    assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v2\n", "bee\n", "sea\n")
+    return session.session_id, cwd, ids
+
+
+async def test_points_are_the_prompts_oldest_first_with_their_anchors(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, _, ids = await _three_turns(c)
+        page = await c.points(sid)
+        assert [p.message_id for p in page.points] == ids
+        assert [p.index for p in page.points] == [0, 1, 2]
+        assert page.points[0].resume_at_message_id == ""
+        assert all(p.resume_at_message_id for p in page.points[1:])
+        assert page.points[1].text == P1
+        assert all(p.files_rewindable for p in page.points)
+        assert page.last_message_id == (await c.get(sid)).last_message_id != ""
+        first = await c.points(sid, page_size=2)
+        assert [p.index for p in first.points] == [0, 1] and first.next_page_token
+        assert [p.message_id for p in await c.all_points(sid)] == ids
+
+
+async def test_files_rewind_restores_edited_files_and_deletes_created_ones(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        result = await c.rewind(sid, ids[1], FILES)
+        assert result.rewind_id and result.files.can_rewind and not result.conversation.requested
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v0\n", None, None)
+        # The conversation is untouched.
+        assert [p.message_id for p in (await c.points(sid)).points] == ids
+        assert await c.recall(sid) == [P0, P1, P2, "recall"]
+
+
+async def test_both_rewinds_files_and_conversation_to_a_middle_point(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        before = await c.points(sid)
+        result = await c.rewind(sid, ids[1], BOTH)
+        assert result.files.can_rewind and result.conversation.rewound
+        assert result.conversation.messages_dropped > 0
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v0\n", None, None)
+        after = await c.points(sid)
+        assert [p.message_id for p in after.points] == ids[:1]
+        assert after.last_message_id == result.last_message_id != before.last_message_id
+        assert (await c.get(sid)).last_message_id == result.last_message_id
+        assert await c.recall(sid) == [P0, "recall"]
+        # Hidden, not deleted: the transcript keeps the dropped turns as an abandoned branch.
+        uuids = {e.get("uuid") for e in transcript_entries(tmp_path, sid)}
+        assert set(ids) <= uuids
+
+
+async def test_conversation_rewind_drops_later_points_and_the_model_forgets_them(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        result = await c.rewind(sid, ids[2], CONVERSATION)
+        assert result.conversation.rewound and not result.files.requested
+        assert read(cwd / "c.txt") == "sea\n", "files are left alone"
+        assert [p.message_id for p in (await c.points(sid)).points] == ids[:2]
+        assert await c.recall(sid) == [P0, P1, "recall"]
+        points = await c.points(sid)
+        assert [p.text for p in points.points] == [P0, P1, "recall"]
+
+
+async def test_dry_run_reports_the_diffstat_and_drop_count_and_changes_nothing(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        before = await c.points(sid)
+        result = await c.dry_run(sid, ids[1], BOTH)
+        assert result.rewind_id == ""
+        assert result.files.can_rewind
+        assert sorted(Path(f).name for f in result.files.files_changed) == ["a.txt", "b.txt", "c.txt"]
+        assert result.files.insertions >= 1 and result.files.deletions >= 1
+        assert result.conversation.can_rewind and not result.conversation.rewound
+        assert result.conversation.messages_dropped > 0
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v2\n", "bee\n", "sea\n")
+        assert await c.points(sid) == before
+        applied = await c.rewind(sid, ids[1], BOTH)
+        assert applied.conversation.messages_dropped == result.conversation.messages_dropped
+        assert applied.last_message_id == result.last_message_id
+
+
+async def test_conversation_rewind_is_durable_across_a_restart_before_the_next_prompt(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, _, ids = await _three_turns(c)
+        await c.rewind(sid, ids[1], CONVERSATION)
+    async with serve(tmp_path) as c:
+        assert [p.message_id for p in (await c.points(sid)).points] == ids[:1]
+        assert (await c.get(sid)).turn_count == 1
+    async with serve(tmp_path) as c:
+        assert await c.recall(sid) == [P0, "recall"]
+    async with serve(tmp_path) as c:
+        # Now the cut is in the transcript itself; a plain resume keeps it.
+        assert [p.text for p in (await c.points(sid)).points] == [P0, "recall"]
+        assert await c.recall(sid) == [P0, "recall", "recall"]
+
+
+async def test_assistant_api_ids_resolve_to_their_turn_also_after_a_restart(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        await c.prompt(sid, P0)
+        events = await c.prompt(sid, P1)
+        api_id = next(e.assistant_message.api_message_id for e in events if e.HasField("assistant_message"))
+        await c.prompt(sid, P2)
+    async with serve(tmp_path) as c:
+        result = await c.dry_run(sid, api_id, CONVERSATION)
+        by_uuid = await c.dry_run(sid, prompt_id(events), CONVERSATION)
+        assert result.conversation.messages_dropped == by_uuid.conversation.messages_dropped > 0
+
+
+async def test_refusals_carry_their_reasons(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        events = await c.prompt(sid, "write d.txt dee")
+        tool_result_id = next(e.message_id for e in events if e.HasField("tool_result"))
+
+        async def refused(
+            message_id: str, mode: int, **kw: object
+        ) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.rewind(sid, message_id, mode, **kw)
+            info = error_info(err.value)
+            return err.value.code(), info.reason, dict(info.metadata)
+
+        code, reason, _ = await refused(ids[0], CONVERSATION)
+        assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "NO_CONVERSATION_ANCHOR")
+        code, reason, _ = await refused(tool_result_id, FILES)
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_REWIND_POINT")
+        code, reason, _ = await refused(str(uuid.uuid4()), FILES)
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND")
+        code, reason, _ = await refused("hello", FILES)
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND")
+        last = (await c.points(sid)).last_message_id
+        code, reason, meta = await refused(ids[1], BOTH, expected_last_message_id=ids[0])
+        assert (code, reason, meta["last_message_id"]) == (grpc.StatusCode.ABORTED, "REWIND_CONFLICT", last)
+        # The dry run reports a refused half inside the result, not as an error.
+        dry = await c.dry_run(sid, ids[0], BOTH)
+        assert dry.files.can_rewind and not dry.conversation.can_rewind
+        assert dry.conversation.refusal.reason == "NO_CONVERSATION_ANCHOR"
+        # Nothing was applied by any of them.
+        assert (read(cwd / "a.txt"), read(cwd / "d.txt")) == ("v2\n", "dee\n")
+        assert len((await c.points(sid)).points) == 4
+        # A matching expectation goes through.
+        ok = await c.rewind(sid, ids[2], CONVERSATION, expected_last_message_id=last)
+        assert ok.conversation.rewound
+
+
+async def test_rewind_while_a_turn_runs_is_refused(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, _, ids = await _three_turns(c)
+        turn = asyncio.ensure_future(c.prompt(sid, "sleep 2\nsay slow"))
+        await asyncio.sleep(0.8)
+        for call in (c.rewind, c.dry_run):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(sid, ids[1], BOTH)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert error_info(err.value).reason == "TURN_IN_FLIGHT"
+        await turn
+        assert len((await c.points(sid)).points) == 4
+
+
+async def test_request_id_makes_rewind_idempotent(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        rid = str(uuid.uuid4())
+        first = await c.rewind(sid, ids[2], BOTH, request_id=rid)
+        await c.prompt(sid, "write c.txt again")
+        again = await c.rewind(sid, ids[2], BOTH, request_id=rid)
+        assert again == first
+        assert read(cwd / "c.txt") == "again\n", "the repeat applied nothing"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, ids[1], BOTH, request_id=rid)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(err.value).reason == "REQUEST_ID_REUSED"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, ids[1], BOTH, request_id="not-a-uuid")
+        assert error_info(err.value).reason == "INVALID_ARGUMENT"
+
+
+async def test_without_checkpointing_files_are_refused_and_both_leaves_the_conversation(
+    tmp_path: Path,
+) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create(enable_file_checkpointing=False)
+        sid = session.session_id
+        assert not session.file_checkpointing
+        ids = [prompt_id(await c.prompt(sid, p)) for p in (P0, P1)]
+        assert not any(p.files_rewindable for p in (await c.points(sid)).points)
+        for mode in (FILES, BOTH):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.rewind(sid, ids[1], mode)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert error_info(err.value).reason == "CHECKPOINTING_DISABLED"
+        assert [p.message_id for p in (await c.points(sid)).points] == ids
+        assert await c.recall(sid) == [P0, P1, "recall"]
+        # The conversation half alone still works.
+        assert (await c.rewind(sid, ids[1], CONVERSATION)).conversation.rewound
+
+
+async def test_many_rewinds_back_and_forth_stay_consistent(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        await c.rewind(sid, ids[2], BOTH)  # back to before P2
+        assert (read(cwd / "a.txt"), read(cwd / "c.txt")) == ("v1\n", None)
+        q2 = prompt_id(await c.prompt(sid, "edit a.txt v1 => w2\nwrite e.txt eee"))
+        q3 = prompt_id(await c.prompt(sid, "edit a.txt w2 => w3"))
+        assert read(cwd / "a.txt") == "w3\n"
+        assert [p.message_id for p in (await c.points(sid)).points] == [ids[0], ids[1], q2, q3]
+        # To a point created after the first rewind.
+        await c.rewind(sid, q3, BOTH)
+        assert (read(cwd / "a.txt"), read(cwd / "e.txt")) == ("w2\n", "eee\n")
+        assert await c.recall(sid) == [P0, P1, "edit a.txt v1 => w2\nwrite e.txt eee", "recall"]
+        # To an older point, past both branches.
+        await c.rewind(sid, ids[1], BOTH)
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "e.txt")) == ("v0\n", None, None)
+        assert [p.message_id for p in (await c.points(sid)).points] == ids[:1]
+        # Dropped points cannot be targeted again.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, q2, FILES)
+        assert error_info(err.value).reason == "MESSAGE_NOT_FOUND"
+        await c.prompt(sid, "edit a.txt v0 => z1")
+        assert await c.recall(sid) == [P0, "edit a.txt v0 => z1", "recall"]
+        assert read(cwd / "a.txt") == "z1\n"
+    async with serve(tmp_path) as c:
+        assert [p.text for p in (await c.points(sid)).points] == [P0, "edit a.txt v0 => z1", "recall"]
+
+
+async def test_checkpoints_older_than_the_window_are_refused_as_unavailable(tmp_path: Path) -> None:
+    """The CLI keeps file checkpoints for the 100 most recent prompts (SDK-FACTS.md)."""
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        ids = [prompt_id(await c.prompt(sid, "write old.txt zero"))]
+        for n in range(1, 103):
+            ids.append(prompt_id(await c.prompt(sid, f"say {n}")))
+        points = await c.all_points(sid)
+        assert len(points) == 103
+        assert not points[0].files_rewindable and points[-1].files_rewindable
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, ids[0], FILES)
+        info = error_info(err.value)
+        assert (err.value.code(), info.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "FILE_CHECKPOINT_UNAVAILABLE",
+        )
+        assert info.metadata["sdk_error"]
+        dry = await c.dry_run(sid, ids[0], BOTH)
+        assert (
+            dry.files.refusal.reason == "FILE_CHECKPOINT_UNAVAILABLE" and dry.conversation.can_rewind is False
+        )
+        assert read(Path(session.cwd) / "old.txt") == "zero\n"
+        assert (await c.rewind(sid, ids[-1], FILES)).files.can_rewind

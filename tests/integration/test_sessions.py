@@ -1,0 +1,258 @@
+"""SessionService against the real server, real Claude Code processes and the scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent_rewind.api.v1 import session_pb2, session_service_pb2
+from tests.integration.harness import (
+    bad_request,
+    cli_pids,
+    error_info,
+    prompt_id,
+    read,
+    result_of,
+    serve,
+    transcript_entries,
+)
+
+IDLE = session_pb2.SESSION_STATE_IDLE
+HIBERNATED = session_pb2.SESSION_STATE_HIBERNATED
+CLOSED = session_pb2.SESSION_STATE_CLOSED
+
+
+async def test_create_session_gets_a_fresh_workspace_under_the_root_and_a_live_agent(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        assert session.state == IDLE
+        assert Path(session.cwd).parent == tmp_path / "workspaces"
+        assert Path(session.cwd).is_dir()
+        assert session.file_checkpointing is True
+        assert session.turn_count == 0 and session.last_message_id == ""
+        assert cli_pids(session.session_id), "a live CLI process for the session"
+
+
+async def test_multi_step_turn_writes_and_edits_files_and_streams_transcript_ids(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        events = await c.prompt(
+            sid, "write notes.txt hello\nwrite todo.txt milk\nedit notes.txt hello => bye\nsay done"
+        )
+        cwd = Path(session.cwd)
+        assert read(cwd / "notes.txt") == "bye\n"
+        assert read(cwd / "todo.txt") == "milk\n"
+        tools = [
+            u.name for e in events if e.HasField("assistant_message") for u in e.assistant_message.tool_uses
+        ]
+        assert tools == ["Write", "Write", "Read", "Edit"]
+        assert sum(1 for e in events if e.HasField("tool_result")) == 4
+        result = result_of(events)
+        assert result.subtype == "success" and not result.is_error
+        assert events[-2].assistant_message.text == "done"
+
+        entries = {e["uuid"]: e for e in transcript_entries(tmp_path, sid) if e.get("uuid")}
+        pid = prompt_id(events)
+        assert entries[pid]["type"] == "user"
+        assert "write notes.txt hello" in str(entries[pid]["message"]["content"])
+        for event in events[:-1]:
+            assert event.message_id in entries, f"streamed id {event.message_id} is not in the transcript"
+        assistant = [e for e in events if e.HasField("assistant_message")]
+        assert all(e.assistant_message.api_message_id.startswith("msg_") for e in assistant)
+
+        got = await c.get(sid)
+        assert got.turn_count == 1
+        assert got.last_message_id == assistant[-1].message_id
+
+
+async def test_second_prompt_while_a_turn_runs_is_refused_with_turn_in_flight(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid = (await c.create()).session_id
+        first = asyncio.ensure_future(c.prompt(sid, "sleep 2\nsay slow"))
+        await asyncio.sleep(0.8)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.prompt(sid, "say second")
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(err.value).reason == "TURN_IN_FLIGHT"
+        assert (await c.get(sid)).state == session_pb2.SESSION_STATE_RUNNING
+        assert result_of(await first).subtype == "success"
+
+
+async def test_interrupt_stops_the_running_turn(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid = (await c.create()).session_id
+        turn = asyncio.ensure_future(c.prompt(sid, "sleep 30\nsay never"))
+        await asyncio.sleep(1.0)
+        await c.sessions.Interrupt(session_service_pb2.InterruptRequest(session_id=sid))
+        events = await asyncio.wait_for(turn, 15)
+        result = result_of(events)
+        assert result.interrupted
+        assert not any(e.assistant_message.text == "never" for e in events)
+        # The session takes the next prompt.
+        assert result_of(await c.prompt(sid, "say after")).subtype == "success"
+
+
+async def test_a_turn_runs_on_when_its_caller_stops_listening(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        call = c.sessions.Prompt(
+            session_service_pb2.PromptRequest(
+                session_id=session.session_id, text="sleep 1\nwrite late.txt yes"
+            )
+        )
+        async for _ in call:
+            break  # the prompt event; then hang up
+        call.cancel()
+        for _ in range(100):
+            if (
+                read(Path(session.cwd) / "late.txt") == "yes\n"
+                and (await c.get(session.session_id)).state == IDLE
+            ):
+                break
+            await asyncio.sleep(0.1)
+        assert read(Path(session.cwd) / "late.txt") == "yes\n"
+
+
+async def test_tools_other_than_edits_run_only_when_allowed_tools_names_them(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        plain = await c.create()
+        events = await c.prompt(plain.session_id, "bash echo hi > shell.txt")
+        denied = [e.tool_result for e in events if e.HasField("tool_result")]
+        assert denied and denied[0].is_error
+        assert not (Path(plain.cwd) / "shell.txt").exists()
+
+        from google.protobuf import struct_pb2
+
+        options = struct_pb2.Struct()
+        options.update({"allowed_tools": ["Bash"]})
+        allowed = await c.create(options=options)
+        await c.prompt(allowed.session_id, "bash echo hi > shell.txt")
+        assert read(Path(allowed.cwd) / "shell.txt") == "hi\n"
+        assert dict(allowed.options)["allowed_tools"] == ["Bash"]
+
+
+async def test_unknown_session_is_session_not_found(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.get("7d3c54b0-2a55-4c39-9a43-0d8e0b1f9a11")
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.prompt("7d3c54b0-2a55-4c39-9a43-0d8e0b1f9a11", "say hi")
+        assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+
+
+async def test_malformed_fields_are_invalid_argument_naming_the_field(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.create(session_id="not-a-uuid")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(err.value).reason == "INVALID_ARGUMENT"
+        assert bad_request(err.value).field_violations[0].field == "session_id"
+
+        from google.protobuf import struct_pb2
+
+        options = struct_pb2.Struct()
+        options.update({"cwd": "/etc"})
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.create(options=options)
+        assert bad_request(err.value).field_violations[0].field == "options.cwd"
+
+        sid = (await c.create()).session_id
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.prompt(sid, "   ")
+        assert bad_request(err.value).field_violations[0].field == "text"
+
+
+async def test_cwd_outside_the_workspace_roots_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    async with serve(tmp_path / "state") as c:
+        root = tmp_path / "state" / "workspaces"
+        (root / "link").symlink_to(outside)
+        for cwd in (str(outside), str(root / ".." / ".." / "outside"), str(root / "link"), "../../outside"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.create(cwd=cwd)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, cwd
+            assert error_info(err.value).reason == "WORKSPACE_OUTSIDE_ROOT", cwd
+        inside = await c.create(cwd=str(root / "proj"))
+        assert inside.cwd == str(root / "proj")
+        assert (await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())).sessions[
+            0
+        ].session_id == (inside.session_id)
+
+
+async def test_killed_agent_answers_agent_unavailable_and_the_session_recovers(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid = (await c.create()).session_id
+        await c.prompt(sid, "say first")
+        turn = asyncio.ensure_future(c.prompt(sid, "sleep 30\nsay never"))
+        await asyncio.sleep(1.0)
+        pids = cli_pids(sid)
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(turn, 15)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_info(err.value).reason == "AGENT_UNAVAILABLE"
+        # The server stays up and the session resumes in a new process.
+        assert (await c.get(sid)).state == HIBERNATED
+        events = await c.prompt(sid, "say again")
+        assert result_of(events).subtype == "success"
+        assert "say first" in await c.recall(sid)
+
+
+async def test_close_ends_the_agent_and_the_session_stays_readable(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid = (await c.create()).session_id
+        await c.prompt(sid, "say one")
+        closed = await c.sessions.CloseSession(session_service_pb2.CloseSessionRequest(session_id=sid))
+        assert closed.state == CLOSED
+        for _ in range(50):
+            if not cli_pids(sid):
+                break
+            await asyncio.sleep(0.1)
+        assert not cli_pids(sid)
+        got = await c.get(sid)
+        assert got.state == CLOSED and got.turn_count == 1
+
+
+async def test_idle_session_hibernates_and_resumes_with_its_context(tmp_path: Path) -> None:
+    async with serve(tmp_path, idle_timeout=0.5) as c:
+        sid = (await c.create()).session_id
+        await c.prompt(sid, "say remember me")
+        for _ in range(50):
+            if (await c.get(sid)).state == HIBERNATED:
+                break
+            await asyncio.sleep(0.1)
+        assert (await c.get(sid)).state == HIBERNATED
+        assert not cli_pids(sid)
+        assert await c.recall(sid) == ["say remember me", "recall"]
+
+
+async def test_sessions_survive_a_restart_of_the_service(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid = (await c.create()).session_id
+        await c.prompt(sid, "write a.txt one")
+    async with serve(tmp_path) as c:
+        session = await c.get(sid)
+        assert session.state == HIBERNATED and session.turn_count == 1
+        assert await c.recall(sid) == ["write a.txt one", "recall"]
+
+
+async def test_stray_anthropic_environment_does_not_reach_the_offline_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-not-a-real-key")
+    monkeypatch.setenv("ANTHROPIC_MODEL", "no-such-model")
+    async with serve(tmp_path) as c:
+        sid = (await c.create()).session_id
+        assert result_of(await c.prompt(sid, "say offline")).subtype == "success"

@@ -1,0 +1,75 @@
+"""`agent-rewind serve` as a process: SIGTERM drains and leaves no Claude Code process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agent_rewind.api.v1 import session_service_pb2, session_service_pb2_grpc
+from tests.integration.harness import cli_pids
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_sigterm_stops_serving_and_ends_every_cli_process(tmp_path: Path) -> None:
+    port = _free_port()
+    state = tmp_path / "state"
+    cli = Path(sys.executable).parent / "agent-rewind"
+    proc = await asyncio.create_subprocess_exec(
+        str(cli),
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--state-dir",
+        str(state),
+        "--model",
+        "offline",
+        "--log-format",
+        "json",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await asyncio.wait_for(channel.channel_ready(), 30)
+            health = health_pb2_grpc.HealthStub(channel)
+            status = await health.Check(
+                health_pb2.HealthCheckRequest(service="agent_rewind.v1.SessionService")
+            )
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            stub = session_service_pb2_grpc.SessionServiceStub(channel)
+            sessions = [
+                await stub.CreateSession(session_service_pb2.CreateSessionRequest()) for _ in range(2)
+            ]
+            running = stub.Prompt(
+                session_service_pb2.PromptRequest(session_id=sessions[0].session_id, text="sleep 1\nsay end")
+            )
+            await asyncio.sleep(0.5)
+            assert cli_pids(str(state)), "CLI processes run before the signal"
+            proc.send_signal(signal.SIGTERM)
+            # The running turn gets its grace period and completes.
+            events = [e async for e in running]
+            assert events[-1].result.subtype == "success"
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        deadline = time.monotonic() + 5
+        while cli_pids(str(state)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert cli_pids(str(state)) == []
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in cli_pids(str(state)):
+            os.kill(pid, signal.SIGKILL)
