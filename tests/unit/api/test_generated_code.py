@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -11,11 +12,14 @@ from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
 
 # Imported for their side effect: they register every agent_rewind.v1 descriptor.
-from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
+from agent_rewind.api.v1 import error_reason_pb2, rewind_service_pb2, session_service_pb2
+from agent_rewind.rpc.errors import STATUS_BY_REASON
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "src" / "agent_rewind" / "api" / "v1"
 PACKAGE = "agent_rewind.v1"
+# The design docs sit beside the clone (CI checks out ../shared too).
+API_MD = ROOT.parent / "shared" / "design" / "API.md"
 
 
 def _gen_protos() -> ModuleType:
@@ -249,3 +253,52 @@ def test_session_state_has_the_api_md_states() -> None:
     prefix = "SESSION_STATE_"
     assert {f"{prefix}{s}" for s in ("IDLE", "RUNNING", "HIBERNATED", "CLOSED")} <= values.keys()
     assert values[f"{prefix}UNSPECIFIED"] == 0
+
+
+# --- Error reasons -----------------------------------------------------------------------------
+
+
+def _error_reasons() -> dict[str, int]:
+    enum = _pool().FindEnumTypeByName(f"{PACKAGE}.ErrorReason")
+    assert enum.file.name == error_reason_pb2.DESCRIPTOR.name
+    return {v.name: v.number for v in enum.values}
+
+
+def _api_md_error_table() -> dict[str, str]:
+    """reason -> status, from the rows of API.md's Errors table (| `STATUS` | `REASON` | when |)."""
+    assert API_MD.is_file(), (
+        f"{API_MD} is missing: the design docs must be checked out beside the repo (../shared), "
+        "as CI does; API.md's Errors table fixes the reason names this test checks"
+    )
+    rows = re.findall(r"^\|\s*`([A-Z_]+)`\s*\|\s*`([A-Z_]+)`\s*\|", API_MD.read_text(), re.MULTILINE)
+    assert rows, f"no error rows (| `STATUS` | `REASON` | when |) found in {API_MD}"
+    return {reason: status for status, reason in rows}
+
+
+def test_error_reason_values_are_exactly_the_reasons_the_service_maps() -> None:
+    values = _error_reasons()
+    assert values.get("ERROR_REASON_UNSPECIFIED") == 0
+    names = values.keys() - {"ERROR_REASON_UNSPECIFIED"}
+    assert names == STATUS_BY_REASON.keys(), (
+        f"only in ErrorReason: {sorted(names - STATUS_BY_REASON.keys())}; "
+        f"only in STATUS_BY_REASON: {sorted(STATUS_BY_REASON.keys() - names)}"
+    )
+
+
+def test_error_reason_has_every_reason_in_api_md_errors_table() -> None:
+    missing = sorted(_api_md_error_table().keys() - _error_reasons().keys())
+    assert not missing, f"API.md's Errors table has reasons ErrorReason lacks: {missing}"
+
+
+def test_error_reason_comments_name_the_status_the_service_returns() -> None:
+    # Each value's comment opens with its status code ("// NOT_FOUND. ..."), as clients read it.
+    text = (ROOT / "protos" / "agent_rewind" / "v1" / "error_reason.proto").read_text()
+    documented = {
+        name: status for status, name in re.findall(r"// ([A-Z_]+)\.[^=]*?\n  ([A-Z_]+) = \d+;", text)
+    }
+    wrong = {
+        reason: (documented.get(reason), code.name)
+        for reason, code in STATUS_BY_REASON.items()
+        if documented.get(reason) != code.name
+    }
+    assert not wrong, f"reason: (status in error_reason.proto's comment, status served) {wrong}"
