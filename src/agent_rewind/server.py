@@ -68,7 +68,7 @@ class RunningServer:
     port: int
     registry: SessionRegistry
     ledger: Ledger
-    health: health.HealthServicer
+    health: health.aio.HealthServicer
     model: ScriptedModel | None
     config: Config
     _stopped: bool = False
@@ -85,7 +85,7 @@ class RunningServer:
         self._stopped = True
         grace = self.config.shutdown_grace if grace is None else grace
         log.info("shutting down", grace=grace)
-        self.health.enter_graceful_shutdown()
+        await self.health.enter_graceful_shutdown()
         await self.registry.shutdown(grace)
         await self.server.stop(grace=1.0)
         if self.model is not None:
@@ -111,7 +111,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     server = grpc.aio.server()
     session_service_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(registry), server)
     rewind_service_pb2_grpc.add_RewindServiceServicer_to_server(RewindServicer(registry, engine), server)
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server

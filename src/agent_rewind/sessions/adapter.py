@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 import claude_agent_sdk
 from claude_agent_sdk import (
     AssistantMessage,
+    CanUseToolShadowedWarning,
     ClaudeAgentOptions,
     ClaudeSDKClient,
     ClaudeSDKError,
@@ -68,9 +70,13 @@ SERVICE_CONTROLLED = frozenset(
         "transport",
     }
 )
+# Tools named in allowed_tools bypassing can_use_tool is exactly the policy we want.
+warnings.filterwarnings("ignore", category=CanUseToolShadowedWarning)
+
 _OPTION_FIELDS = {f.name: f for f in dataclasses.fields(ClaudeAgentOptions)}
 _INT_OPTIONS = frozenset({"max_turns", "max_thinking_tokens", "max_buffer_size"})
-_DEFAULT_PERMISSION_MODE = "acceptEdits"
+# "default" makes the CLI ask `can_use_tool` about every tool that is not allowed outright.
+_DEFAULT_PERMISSION_MODE = "default"
 
 
 class AgentError(Exception):
@@ -117,16 +123,31 @@ class ClientSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _permission_policy(allowed: frozenset[str]) -> Any:
-    """Nobody sits at a terminal: tools the CLI would ask about run only when allowed_tools names them."""
+# File tools a session may use inside its workspace without naming them in allowed_tools.
+_WORKSPACE_FILE_TOOLS = frozenset({"Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob", "Grep", "LS"})
+_PATH_KEYS = ("file_path", "notebook_path", "path")
+
+
+def _permission_policy(allowed: frozenset[str], workspace: Path) -> Any:
+    """Nobody sits at a terminal to approve tools, so the session's options decide.
+
+    File tools are accepted for paths inside the workspace; any other tool runs only when the
+    session's allowed_tools names it (the CLI itself lets those through without asking).
+    """
 
     async def can_use_tool(
         tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
     ) -> PermissionResultAllow | PermissionResultDeny:
         if tool_name in allowed:
             return PermissionResultAllow()
+        if tool_name in _WORKSPACE_FILE_TOOLS:
+            raw = next((tool_input[k] for k in _PATH_KEYS if isinstance(tool_input.get(k), str)), None)
+            target = (workspace / raw).resolve() if raw else workspace
+            if target == workspace or target.is_relative_to(workspace):
+                return PermissionResultAllow()
+            return PermissionResultDeny(message=f"{tool_name} outside the session's workspace is not allowed")
         return PermissionResultDeny(
-            message=f"{tool_name} is not in this session's allowed_tools; it was created without it"
+            message=f"{tool_name} is not in this session's allowed_tools; create the session with it to use it"
         )
 
     return can_use_tool
@@ -144,7 +165,7 @@ def build_options(spec: ClientSpec) -> ClaudeAgentOptions:
         # Replayed user messages carry the prompt's transcript uuid: the rewind point id.
         extra_args={"replay-user-messages": None},
         env=dict(spec.env),
-        can_use_tool=_permission_policy(allowed),
+        can_use_tool=_permission_policy(allowed, spec.cwd.resolve()),
     )
     if spec.resume:
         kwargs["resume"] = spec.session_id
