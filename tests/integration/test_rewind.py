@@ -158,8 +158,13 @@ async def test_refusals_carry_their_reasons(tmp_path: Path) -> None:
         assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_REWIND_POINT")
         code, reason, _ = await refused(str(uuid.uuid4()), FILES)
         assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND")
-        code, reason, _ = await refused("hello", FILES)
-        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND")
+        # Neither a UUID nor a msg_ id: a malformed field.
+        code, reason, meta = await refused("hello", FILES)
+        assert (code, reason, meta["field"]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+            "message_id",
+        )
         last = (await c.points(sid)).last_message_id
         code, reason, meta = await refused(ids[1], BOTH, expected_last_message_id=ids[0])
         assert (code, reason, meta["last_message_id"]) == (grpc.StatusCode.ABORTED, "REWIND_CONFLICT", last)

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
-from agent_rewind.rewind.points import RewindPoint
 
 from agent_rewind.errors import (
     AgentRewindError,
@@ -26,6 +25,7 @@ from agent_rewind.errors import (
     RequestIdReused,
     RewindConflict,
 )
+from agent_rewind.rewind.points import RewindPoint
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.store.ledger import Anchor, Ledger, RewindRecord
 
@@ -178,25 +178,17 @@ class RewindEngine:
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
-        async with worker.lock:
-            worker.check_no_turn()
-            try:
-                plan = await self._plan(worker, req)
-                last = plan.last_message_id
-                if plan.conversation.can_rewind:
-                    last = worker.view_at(plan.point.resume_at_message_id).last_message_id
-            finally:
-                worker.after_exclusive_use()
+        async with worker.exclusive():
+            plan = await self._plan(worker, req)
+            last = plan.last_message_id
+            if plan.conversation.can_rewind:
+                last = worker.view_at(plan.point.resume_at_message_id).last_message_id
         return RewindOutcome("", plan.files, plan.conversation, last)
 
     async def rewind(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Applies a rewind, all of it or nothing."""
-        async with worker.lock:
-            worker.check_no_turn()
-            try:
-                return await self._rewind_locked(worker, req)
-            finally:
-                worker.after_exclusive_use()
+        async with worker.exclusive():
+            return await self._rewind_locked(worker, req)
 
     async def _rewind_locked(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         if req.request_id:
@@ -287,11 +279,8 @@ class RewindEngine:
                 continue
             log.warning("finishing an interrupted rewind", rewind_id=record.rewind_id)
             try:
-                async with worker.lock:
-                    try:
-                        await self._finish(worker, record)
-                    finally:
-                        worker.after_exclusive_use()
+                async with worker.exclusive():
+                    await self._finish(worker, record)
             except AgentRewindError as err:
                 log.error(
                     "could not finish an interrupted rewind", rewind_id=record.rewind_id, error=err.message

@@ -33,9 +33,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         )
         # Start the CLI now so a session that cannot run fails here, not at its first prompt.
         try:
-            async with worker.lock:
+            async with worker.exclusive():
                 await worker.ensure_client()
-                worker.after_exclusive_use()
         except Exception:
             if not worker.record.started:
                 self._registry.forget(worker.session_id)

@@ -124,7 +124,9 @@ class ClientSpec:
 
 
 # File tools a session may use inside its workspace without naming them in allowed_tools.
-_WORKSPACE_FILE_TOOLS = frozenset({"Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob", "Grep", "LS"})
+_WORKSPACE_FILE_TOOLS = frozenset(
+    {"Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob", "Grep", "LS"}
+)
 _PATH_KEYS = ("file_path", "notebook_path", "path")
 
 

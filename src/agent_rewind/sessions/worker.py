@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
-from agent_rewind.rewind.transcript import ConversationView, TranscriptIndex
 
 from agent_rewind.errors import AgentRewindError, AgentUnavailable, ShuttingDown, TurnInFlight
+from agent_rewind.rewind.transcript import ConversationView, TranscriptIndex
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.events import FilesAnswer, PromptEvent, ResultEvent
 from agent_rewind.sessions.turn import Turn
@@ -221,6 +221,21 @@ class SessionWorker:
     def check_no_turn(self) -> None:
         if self.turn_running:
             raise TurnInFlight(self.session_id)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Holds the session's lock for work that must not wait behind a turn (a rewind).
+
+        A running turn holds the lock until its result, so this checks before waiting for
+        the lock as well as after getting it: a rewind is refused at once, never queued.
+        """
+        self.check_no_turn()
+        async with self.lock:
+            self.check_no_turn()
+            try:
+                yield
+            finally:
+                self.after_exclusive_use()
 
     async def start_turn(self, text: str) -> Turn:
         """Starts a turn and returns its event log. The turn runs on without listeners."""
