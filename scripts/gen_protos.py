@@ -49,7 +49,9 @@ def generate(out: Path) -> None:
         for path in sorted((Path(tmp) / "agent_rewind" / "v1").iterdir()):
             text = _IMPORT.sub("from agent_rewind.api.v1 import", path.read_text())
             (out / path.name).write_text(text)
-    (out / "__init__.py").write_text('"""Generated from protos/agent_rewind/v1 by `make proto`. Do not edit."""\n')
+    (out / "__init__.py").write_text(
+        '"""Generated from protos/agent_rewind/v1 by `make proto`. Do not edit."""\n'
+    )
 
 
 def main() -> None:
