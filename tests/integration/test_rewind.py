@@ -285,3 +285,48 @@ async def test_checkpoints_older_than_the_window_are_refused_as_unavailable(tmp_
         )
         assert read(Path(session.cwd) / "old.txt") == "zero\n"
         assert (await c.rewind(sid, ids[-1], FILES)).files.can_rewind
+
+
+async def test_a_crash_between_the_halves_is_finished_on_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rewind.store.ledger import Ledger
+
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        rid = str(uuid.uuid4())
+
+        def crash(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("simulated crash after the files half")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Ledger, "complete_rewind", crash)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.rewind(sid, ids[1], BOTH, request_id=rid)
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert error_info(err.value).reason == "INTERNAL"
+        assert "Traceback" not in (err.value.details() or "")
+        # Files went first; the conversation half was not recorded.
+        assert (read(cwd / "a.txt"), read(cwd / "c.txt")) == ("v0\n", None)
+    async with serve(tmp_path) as c:
+        # The restart finished the recorded intent: the conversation is cut too.
+        assert [p.message_id for p in (await c.points(sid)).points] == ids[:1]
+        again = await c.rewind(sid, ids[1], BOTH, request_id=rid)
+        assert again.rewind_id and again.conversation.rewound and again.files.can_rewind
+        assert await c.recall(sid) == [P0, "recall"]
+
+
+async def test_capabilities_describe_this_deployment(tmp_path: Path) -> None:
+    from agent_rewind.api.v1 import rewind_service_pb2
+
+    async with serve(tmp_path) as c:
+        caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
+        assert list(caps.modes) == [FILES, CONVERSATION, BOTH]
+        assert caps.file_checkpoint_window == 100
+        assert caps.dry_run and not caps.events
+        assert caps.sdk_version == "0.2.184" and caps.cli_version
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.rewinds.WatchRewindEvents(rewind_service_pb2.WatchRewindEventsRequest()):
+                pass
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert error_info(err.value).reason == "UNIMPLEMENTED"

@@ -31,9 +31,6 @@ from agent_rewind.store.ledger import Anchor, Ledger, RewindRecord
 
 log = structlog.get_logger(__name__)
 
-# The CLI keeps file checkpoints for this many most recent prompts (SDK-FACTS.md).
-FILE_CHECKPOINT_WINDOW = 100
-
 
 class Mode(enum.Enum):
     FILES = "files"

@@ -9,7 +9,8 @@ import grpc
 from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
 from agent_rewind.errors import NotServed
-from agent_rewind.rewind.engine import FILE_CHECKPOINT_WINDOW, RewindEngine, RewindRequest
+from agent_rewind.rewind.engine import RewindEngine, RewindRequest
+from agent_rewind.rewind.points import FILE_CHECKPOINT_WINDOW
 from agent_rewind.rpc import convert
 from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.handlers import unary

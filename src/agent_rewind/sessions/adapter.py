@@ -330,17 +330,25 @@ class SdkAgentClient:
             raise AgentError(f"could not send the prompt: {err}") from err
 
     async def receive_turn(self) -> AsyncIterator[TurnEvent]:
+        """The events of the turn just prompted, up to and including its result.
+
+        A background task's notification turn can finish after the previous result; its
+        stragglers arrive before this turn's prompt and are not this turn's, so they are skipped.
+        """
         prompt_seen = False
         try:
-            async for message in self._client.receive_response():
+            async for message in self._client.receive_messages():
                 for event in to_events(message, prompt_seen=prompt_seen):
                     if isinstance(event, PromptEvent) and not event.parent_tool_use_id:
                         prompt_seen = True
+                    if not prompt_seen:
+                        continue
                     yield event
+                    if isinstance(event, ResultEvent):
+                        return
         except (ClaudeSDKError, OSError) as err:
             raise AgentError(f"the Claude Code process failed during the turn: {err}") from err
-        if not self.alive:
-            raise AgentError("the Claude Code process exited during the turn")
+        raise AgentError("the Claude Code process exited during the turn")
 
     async def interrupt(self) -> None:
         try:
