@@ -452,15 +452,14 @@ class TranscriptIndex:
 class _Points(Sequence[RewindPoint]):
     """A view's rewind points, made on access so a page costs O(page size)."""
 
-    __slots__ = ("_checkpoints", "_n", "_prompts", "_snapshots")
+    __slots__ = ("_n", "_prompts", "_snapshots")
 
     def __init__(
-        self, prompts: list[Entry], n: int, snapshots: Mapping[str, int], snapshot_count: int
+        self, prompts: list[Entry], n: int, snapshots: Mapping[str, int]
     ) -> None:
         self._prompts = prompts
         self._n = n
         self._snapshots = snapshots
-        self._checkpoints = range(max(0, snapshot_count - FILE_CHECKPOINT_WINDOW), snapshot_count)
 
     def __len__(self) -> int:
         return self._n
@@ -483,13 +482,22 @@ class _Points(Sequence[RewindPoint]):
             yield self._point(self._prompts[i])
 
     def _point(self, entry: Entry) -> RewindPoint:
+        # Read the snapshot count now, not when the view was made: the CLI writes a prompt's
+        # snapshot lazily (seen at the next prompt or at exit), after its turn's entries.
+        count = len(self._snapshots)
+        position = self._snapshots.get(entry.uuid)
+        if position is None:
+            # Not written yet: the live process holds it for the newest prompt.
+            has_checkpoint = entry.prompts == self._n
+        else:
+            has_checkpoint = position >= count - FILE_CHECKPOINT_WINDOW
         return RewindPoint(
             message_id=entry.uuid,
             resume_at_message_id=entry.parent_uuid if entry.depth else "",
             text=entry.text,
             index=entry.prompts - 1,
             create_time=parse_timestamp(entry.timestamp),
-            has_checkpoint=self._snapshots.get(entry.uuid, -1) in self._checkpoints,
+            has_checkpoint=has_checkpoint,
         )
 
 
@@ -520,9 +528,7 @@ class ConversationView:
         self._n = n
         self._leaf = leaf
         n_prompts = leaf.prompts if leaf is not None else 0
-        self.points: Sequence[RewindPoint] = _Points(
-            chain.prompts, n_prompts, store.snapshots, snapshot_count
-        )
+        self.points: Sequence[RewindPoint] = _Points(chain.prompts, n_prompts, store.snapshots)
 
     @property
     def leaf(self) -> str | None:
