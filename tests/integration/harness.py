@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from agent_rewind.config import Config
 from agent_rewind.server import RunningServer, start
 from agent_rewind.testing import RECALL_PREFIX
 
+RUNNING = session_pb2.SESSION_STATE_RUNNING
 FILES = rewind_pb2.REWIND_MODE_FILES
 CONVERSATION = rewind_pb2.REWIND_MODE_CONVERSATION
 BOTH = rewind_pb2.REWIND_MODE_BOTH
@@ -60,6 +62,14 @@ class Client:
 
     async def get(self, session_id: str) -> session_pb2.Session:
         return await self.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=session_id))
+
+    async def wait_for_state(self, session_id: str, state: int, within: float = 20.0) -> None:
+        """Polls GetSession until the session is in `state` (no fixed sleeps: machines are noisy)."""
+        deadline = asyncio.get_running_loop().time() + within
+        while (await self.get(session_id)).state != state:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"session {session_id} never reached state {state}")
+            await asyncio.sleep(0.05)
 
     async def points(
         self, session_id: str, page_size: int = 0

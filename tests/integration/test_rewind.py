@@ -13,6 +13,7 @@ from tests.integration.harness import (
     BOTH,
     CONVERSATION,
     FILES,
+    RUNNING,
     Client,
     error_info,
     prompt_id,
@@ -184,7 +185,7 @@ async def test_rewind_while_a_turn_runs_is_refused(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
         sid, _, ids = await _three_turns(c)
         turn = asyncio.ensure_future(c.prompt(sid, "sleep 2\nsay slow"))
-        await asyncio.sleep(0.8)
+        await c.wait_for_state(sid, RUNNING)
         for call in (c.rewind, c.dry_run):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call(sid, ids[1], BOTH)

@@ -12,6 +12,7 @@ import pytest
 
 from agent_rewind.api.v1 import session_pb2, session_service_pb2
 from tests.integration.harness import (
+    RUNNING,
     bad_request,
     cli_pids,
     error_info,
@@ -75,7 +76,7 @@ async def test_second_prompt_while_a_turn_runs_is_refused_with_turn_in_flight(tm
     async with serve(tmp_path) as c:
         sid = (await c.create()).session_id
         first = asyncio.ensure_future(c.prompt(sid, "sleep 2\nsay slow"))
-        await asyncio.sleep(0.8)
+        await c.wait_for_state(sid, RUNNING)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.prompt(sid, "say second")
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -88,7 +89,7 @@ async def test_interrupt_stops_the_running_turn(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
         sid = (await c.create()).session_id
         turn = asyncio.ensure_future(c.prompt(sid, "sleep 30\nsay never"))
-        await asyncio.sleep(1.0)
+        await c.wait_for_state(sid, RUNNING)
         await c.sessions.Interrupt(session_service_pb2.InterruptRequest(session_id=sid))
         events = await asyncio.wait_for(turn, 15)
         result = result_of(events)
@@ -193,7 +194,7 @@ async def test_killed_agent_answers_agent_unavailable_and_the_session_recovers(t
         sid = (await c.create()).session_id
         await c.prompt(sid, "say first")
         turn = asyncio.ensure_future(c.prompt(sid, "sleep 30\nsay never"))
-        await asyncio.sleep(1.0)
+        await c.wait_for_state(sid, RUNNING)
         pids = cli_pids(sid)
         assert pids
         for pid in pids:
