@@ -16,6 +16,7 @@ from agent_rewind.errors import (
     RequestIdReused,
     SessionAlreadyExists,
     SessionNotFound,
+    ShuttingDown,
     WorkspaceOutsideRoot,
 )
 from agent_rewind.sessions.adapter import validate_options
@@ -49,6 +50,7 @@ class SessionRegistry:
             r.session_id: SessionWorker(r, self._ctx) for r in ledger.sessions()
         }
         self._create_lock = asyncio.Lock()
+        self._shutting_down = False
 
     @property
     def workers(self) -> dict[str, SessionWorker]:
@@ -95,6 +97,8 @@ class SessionRegistry:
         rid = parse_uuid("request_id", request_id) if request_id else None
         validate_options(options)
         async with self._create_lock:
+            if self._shutting_down:
+                raise ShuttingDown()
             if rid is not None:
                 existing = self._ledger.session_by_request(rid)
                 if existing is not None:
@@ -122,4 +126,5 @@ class SessionRegistry:
         self._ledger.remove_session(session_id)
 
     async def shutdown(self, grace: float) -> None:
+        self._shutting_down = True
         await asyncio.gather(*(w.shutdown(grace) for w in self._workers.values()), return_exceptions=True)

@@ -185,6 +185,10 @@ class SessionWorker:
         except AgentError as err:
             self._log.error("cli did not start", error=str(err))
             raise AgentUnavailable(self.session_id, str(err)) from err
+        if self._shutting_down:
+            # The server began to stop while this process started: it must not outlive it.
+            await client.close()
+            raise ShuttingDown()
         self._client = client
         if not self.record.started:
             self._ctx.ledger.touch_session(self.session_id, started=True)
