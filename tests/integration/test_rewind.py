@@ -331,3 +331,13 @@ async def test_capabilities_describe_this_deployment(tmp_path: Path) -> None:
                 pass
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert error_info(err.value).reason == "UNIMPLEMENTED"
+
+
+async def test_two_conversation_rewinds_in_a_row_then_a_prompt(tmp_path: Path) -> None:
+    """The second cut drops one visible turn but two in the transcript: the resume must accept it."""
+    async with serve(tmp_path) as c:
+        sid, _, ids = await _three_turns(c)
+        assert (await c.rewind(sid, ids[2], CONVERSATION)).conversation.messages_dropped > 0
+        await c.rewind(sid, ids[1], CONVERSATION)
+        assert [p.message_id for p in (await c.points(sid)).points] == ids[:1]
+        assert await c.recall(sid) == [P0, "recall"]

@@ -171,7 +171,10 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=_refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        return _Plan(point, files, conversation, len(view.points) - point.index, view.last_message_id)
+        # The CLI checks resume_drops_turn against the transcript, which may still hold turns an
+        # earlier, not yet written, cut dropped: count those too.
+        turns_after = len(worker.transcript_view().points) - point.index
+        return _Plan(point, files, conversation, turns_after, view.last_message_id)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""

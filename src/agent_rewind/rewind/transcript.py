@@ -454,9 +454,7 @@ class _Points(Sequence[RewindPoint]):
 
     __slots__ = ("_n", "_prompts", "_snapshots")
 
-    def __init__(
-        self, prompts: list[Entry], n: int, snapshots: Mapping[str, int]
-    ) -> None:
+    def __init__(self, prompts: list[Entry], n: int, snapshots: Mapping[str, int]) -> None:
         self._prompts = prompts
         self._n = n
         self._snapshots = snapshots

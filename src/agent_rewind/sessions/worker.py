@@ -120,6 +120,10 @@ class SessionWorker:
             return index.view()
         return index.view(anchor.anchor_uuid)
 
+    def transcript_view(self) -> ConversationView:
+        """The conversation as the transcript alone shows it, ignoring a pending cut."""
+        return self._transcript().view()
+
     def view_at(self, leaf: str) -> ConversationView:
         """The conversation as it would be after a cut at `leaf`."""
         return self._transcript().view(leaf)
