@@ -341,3 +341,17 @@ async def test_two_conversation_rewinds_in_a_row_then_a_prompt(tmp_path: Path) -
         await c.rewind(sid, ids[1], CONVERSATION)
         assert [p.message_id for p in (await c.points(sid)).points] == ids[:1]
         assert await c.recall(sid) == [P0, "recall"]
+
+
+async def test_a_closed_session_can_be_rewound_and_a_prompt_reopens_it(tmp_path: Path) -> None:
+    from agent_rewind.api.v1 import session_pb2, session_service_pb2
+
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        await c.sessions.CloseSession(session_service_pb2.CloseSessionRequest(session_id=sid))
+        result = await c.rewind(sid, ids[2], BOTH)
+        assert result.files.can_rewind and result.conversation.rewound
+        assert (read(cwd / "a.txt"), read(cwd / "c.txt")) == ("v1\n", None)
+        assert (await c.get(sid)).state == session_pb2.SESSION_STATE_CLOSED
+        assert await c.recall(sid) == [P0, P1, "recall"]
+        assert (await c.get(sid)).state == session_pb2.SESSION_STATE_IDLE

@@ -1,0 +1,225 @@
+"""The one mapping from domain errors to gRPC statuses (API.md's Errors table, AIP-193)."""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from agent_rewind import errors
+from agent_rewind.errors import AgentRewindError, InvalidArgument
+from agent_rewind.rpc.errors import DOMAIN, abort, abort_internal, internal_status, to_status
+
+# API.md's Errors table, written out: reason -> status.
+API_TABLE: dict[str, int] = {
+    "SESSION_NOT_FOUND": code_pb2.NOT_FOUND,
+    "MESSAGE_NOT_FOUND": code_pb2.NOT_FOUND,
+    "NOT_A_REWIND_POINT": code_pb2.INVALID_ARGUMENT,
+    "INVALID_ARGUMENT": code_pb2.INVALID_ARGUMENT,
+    "TURN_IN_FLIGHT": code_pb2.FAILED_PRECONDITION,
+    "NO_CONVERSATION_ANCHOR": code_pb2.FAILED_PRECONDITION,
+    "FILE_CHECKPOINT_UNAVAILABLE": code_pb2.FAILED_PRECONDITION,
+    "CHECKPOINTING_DISABLED": code_pb2.FAILED_PRECONDITION,
+    "REWIND_CONFLICT": code_pb2.ABORTED,
+    "REQUEST_ID_REUSED": code_pb2.INVALID_ARGUMENT,
+    "PERMISSION_DENIED": code_pb2.PERMISSION_DENIED,
+    "UNAUTHENTICATED": code_pb2.UNAUTHENTICATED,
+    "WORKSPACE_OUTSIDE_ROOT": code_pb2.INVALID_ARGUMENT,
+    "AGENT_UNAVAILABLE": code_pb2.UNAVAILABLE,
+    "CURSOR_EXPIRED": code_pb2.OUT_OF_RANGE,
+    "SUBSCRIBER_TOO_SLOW": code_pb2.RESOURCE_EXHAUSTED,
+}
+# Reasons the service needs beyond API.md's table (rpc/errors.py says why).
+EXTRA_TABLE: dict[str, int] = {
+    "SESSION_ALREADY_EXISTS": code_pb2.ALREADY_EXISTS,
+    "SHUTTING_DOWN": code_pb2.UNAVAILABLE,
+    "UNIMPLEMENTED": code_pb2.UNIMPLEMENTED,
+    "INTERNAL": code_pb2.INTERNAL,
+}
+EXPECTED = {**API_TABLE, **EXTRA_TABLE}
+
+# One instance of every domain error class, with the metadata it must carry.
+SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict[str, str]]] = {
+    errors.SessionNotFound: (lambda: errors.SessionNotFound("s-1"), {"session_id": "s-1"}),
+    errors.MessageNotFound: (lambda: errors.MessageNotFound("m-1"), {"message_id": "m-1"}),
+    errors.NotARewindPoint: (
+        lambda: errors.NotARewindPoint("m-1", "a tool result"),
+        {"message_id": "m-1", "kind": "a tool result"},
+    ),
+    errors.InvalidArgument: (lambda: errors.InvalidArgument("page_size", "too big"), {"field": "page_size"}),
+    errors.TurnInFlight: (lambda: errors.TurnInFlight("s-1"), {"session_id": "s-1"}),
+    errors.NoConversationAnchor: (lambda: errors.NoConversationAnchor("m-1"), {"message_id": "m-1"}),
+    errors.FileCheckpointUnavailable: (
+        lambda: errors.FileCheckpointUnavailable("m-1", "No file checkpoint found"),
+        {"message_id": "m-1", "sdk_error": "No file checkpoint found"},
+    ),
+    errors.CheckpointingDisabled: (lambda: errors.CheckpointingDisabled("s-1"), {"session_id": "s-1"}),
+    errors.RewindConflict: (
+        lambda: errors.RewindConflict("old", "new"),
+        {"last_message_id": "new", "expected_last_message_id": "old"},
+    ),
+    errors.RequestIdReused: (lambda: errors.RequestIdReused("r-1"), {"request_id": "r-1"}),
+    errors.WorkspaceOutsideRoot: (
+        lambda: errors.WorkspaceOutsideRoot("/etc", ["/srv/a", "/srv/b"]),
+        {"cwd": "/etc", "workspace_roots": "/srv/a,/srv/b"},
+    ),
+    errors.AgentUnavailable: (lambda: errors.AgentUnavailable("s-1", "exited"), {"session_id": "s-1"}),
+    errors.ShuttingDown: (lambda: errors.ShuttingDown(), {}),
+    errors.SessionAlreadyExists: (lambda: errors.SessionAlreadyExists("s-1"), {"session_id": "s-1"}),
+    errors.NotServed: (lambda: errors.NotServed("WatchRewindEvents"), {"rpc": "WatchRewindEvents"}),
+}
+
+
+def _all_subclasses(cls: type) -> set[type]:
+    found: set[type] = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_all_subclasses(sub)}
+    return found
+
+
+def _domain_error_classes() -> set[type[AgentRewindError]]:
+    return {
+        c
+        for c in _all_subclasses(AgentRewindError)
+        if c.__module__ == errors.__name__ and inspect.getmodule(c) is errors
+    }
+
+
+def _details(status: status_pb2.Status) -> tuple[error_details_pb2.ErrorInfo, list[Any]]:
+    infos, others = [], []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            infos.append(info)
+        else:
+            others.append(detail)
+    assert len(infos) == 1, "exactly one ErrorInfo"
+    return infos[0], others
+
+
+def test_every_domain_error_class_has_a_sample_here() -> None:
+    assert _domain_error_classes() == set(SAMPLES), "a new error class needs a row in SAMPLES"
+
+
+def test_every_domain_reason_is_in_the_expected_table() -> None:
+    reasons = {cls.reason for cls in _domain_error_classes()}
+    assert reasons <= set(EXPECTED)
+
+
+@pytest.mark.parametrize("cls", sorted(SAMPLES, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_domain_error_maps_to_its_status_with_error_info(cls: type[AgentRewindError]) -> None:
+    make, metadata = SAMPLES[cls]
+    err = make()
+    assert type(err) is cls
+    status = to_status(err)
+    assert status.code == EXPECTED[cls.reason], f"{cls.__name__} ({cls.reason})"
+    assert status.message == err.message
+    info, _ = _details(status)
+    assert info.domain == "agent-rewind.v1" == DOMAIN
+    assert info.reason == cls.reason
+    assert dict(info.metadata) == metadata
+    assert all(k == k.lower() and " " not in k for k in info.metadata)
+
+
+@pytest.mark.parametrize("reason", sorted(API_TABLE))
+def test_every_api_reason_maps_to_the_api_status(reason: str) -> None:
+    # Reasons without a domain class yet (auth, watch) are pinned through a bare error.
+    err = AgentRewindError(f"{reason.lower()} happened", metadata={"permission": "rewind"})
+    err.reason = reason
+    status = to_status(err)
+    assert status.code == API_TABLE[reason]
+    info, _ = _details(status)
+    assert (info.reason, info.domain) == (reason, DOMAIN)
+    assert dict(info.metadata) == {"permission": "rewind"}
+
+
+def test_invalid_argument_carries_a_bad_request_naming_the_field() -> None:
+    status = to_status(InvalidArgument("options.temperature", "is not a ClaudeAgentOptions field"))
+    assert status.code == code_pb2.INVALID_ARGUMENT
+    _, others = _details(status)
+    assert len(others) == 1
+    bad = error_details_pb2.BadRequest()
+    assert others[0].Unpack(bad)
+    assert [(v.field, v.description) for v in bad.field_violations] == [
+        ("options.temperature", "is not a ClaudeAgentOptions field")
+    ]
+
+
+def test_other_errors_carry_no_bad_request() -> None:
+    _, others = _details(to_status(errors.SessionNotFound("s-1")))
+    assert others == []
+
+
+def test_an_unknown_reason_maps_to_internal() -> None:
+    class Novel(AgentRewindError):
+        reason = "SOMETHING_NOBODY_MAPPED"
+
+    assert to_status(Novel("new")).code == code_pb2.INTERNAL
+
+
+def test_the_base_error_is_internal() -> None:
+    status = to_status(AgentRewindError("the turn failed unexpectedly"))
+    assert status.code == code_pb2.INTERNAL
+    info, _ = _details(status)
+    assert info.reason == "INTERNAL"
+
+
+def test_internal_status_has_no_stack_trace() -> None:
+    try:
+        raise RuntimeError("secret detail from deep inside")
+    except RuntimeError:
+        trace = traceback.format_exc()
+        status = internal_status()
+    assert status.code == code_pb2.INTERNAL
+    assert "Traceback" not in status.message
+    assert "secret detail" not in status.message
+    assert 'File "' not in status.message
+    assert status.message not in trace
+    info, others = _details(status)
+    assert (info.reason, info.domain) == ("INTERNAL", DOMAIN)
+    assert others == []
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """The part of grpc.aio.ServicerContext the abort helpers use."""
+
+    def __init__(self) -> None:
+        self.status: Any = None
+
+    async def abort_with_status(self, status: Any) -> None:
+        self.status = status
+        raise _Aborted
+
+
+def _details_bin(status: Any) -> status_pb2.Status:
+    metadata = dict(status.trailing_metadata)
+    return status_pb2.Status.FromString(metadata["grpc-status-details-bin"])
+
+
+async def test_abort_sends_the_status_with_its_details() -> None:
+    context = _Context()
+    with pytest.raises(_Aborted):
+        await abort(context, errors.RewindConflict("old", "new"))  # type: ignore[arg-type]
+    assert context.status.code == grpc.StatusCode.ABORTED
+    info, _ = _details(_details_bin(context.status))
+    assert info.reason == "REWIND_CONFLICT"
+    assert info.metadata["last_message_id"] == "new"
+
+
+async def test_abort_internal_sends_internal() -> None:
+    context = _Context()
+    with pytest.raises(_Aborted):
+        await abort_internal(context)  # type: ignore[arg-type]
+    assert context.status.code == grpc.StatusCode.INTERNAL
+    info, _ = _details(_details_bin(context.status))
+    assert info.reason == "INTERNAL"
