@@ -187,7 +187,7 @@ def page_bounds(page_size: int, page_token: str, default: int, maximum: int = 10
         offset = int(data["o"])
         if data.get("v") != 1 or offset < 0:
             raise ValueError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):
         raise InvalidArgument("page_token", "is not a token this service issued") from None
     return offset, size
 

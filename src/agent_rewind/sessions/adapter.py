@@ -130,6 +130,11 @@ _WORKSPACE_FILE_TOOLS = frozenset(
 _PATH_KEYS = ("file_path", "notebook_path", "path")
 
 
+def _resolve_in(workspace: Path, path: str) -> Path:
+    """Where a tool's path argument points, following `..`, `~` and symlinks."""
+    return (workspace / Path(path).expanduser()).resolve()
+
+
 def _permission_policy(allowed: frozenset[str], workspace: Path) -> Any:
     """Nobody sits at a terminal to approve tools, so the session's options decide.
 
@@ -143,9 +148,12 @@ def _permission_policy(allowed: frozenset[str], workspace: Path) -> Any:
         if tool_name in allowed:
             return PermissionResultAllow()
         if tool_name in _WORKSPACE_FILE_TOOLS:
-            raw = next((tool_input[k] for k in _PATH_KEYS if isinstance(tool_input.get(k), str)), None)
-            target = (workspace / raw).resolve() if raw else workspace
-            if target == workspace or target.is_relative_to(workspace):
+            paths = [tool_input[k] for k in _PATH_KEYS if isinstance(tool_input.get(k), str)]
+            pattern = tool_input.get("pattern")
+            if tool_name == "Glob" and isinstance(pattern, str) and pattern.startswith(("/", "~", "..")):
+                paths.append(pattern.split("*", 1)[0] or "/")
+            targets = [_resolve_in(workspace, p) for p in paths] or [workspace]
+            if all(t == workspace or t.is_relative_to(workspace) for t in targets):
                 return PermissionResultAllow()
             return PermissionResultDeny(message=f"{tool_name} outside the session's workspace is not allowed")
         return PermissionResultDeny(

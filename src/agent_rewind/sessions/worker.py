@@ -68,6 +68,9 @@ class SessionWorker:
         self._client: AgentClient | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._turn: Turn | None = None
+        # Claimed from the moment a prompt is accepted (before its CLI may still be starting)
+        # until its turn ends: rewinds and second prompts are refused for all of that time.
+        self._turn_claimed = False
         self._turn_task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._index: TranscriptIndex | None = None
@@ -79,7 +82,7 @@ class SessionWorker:
 
     @property
     def state(self) -> str:
-        if self._turn is not None and not self._turn.done:
+        if self.turn_running:
             return State.RUNNING
         if self.record.closed:
             return State.CLOSED
@@ -89,7 +92,7 @@ class SessionWorker:
 
     @property
     def turn_running(self) -> bool:
-        return self._turn is not None and not self._turn.done
+        return self._turn_claimed
 
     @property
     def client_pid(self) -> int | None:
@@ -248,9 +251,13 @@ class SessionWorker:
     async def start_turn(self, text: str) -> Turn:
         """Starts a turn and returns its event log. The turn runs on without listeners."""
         self.check_no_turn()
-        await self.lock.acquire()
+        self._turn_claimed = True
         try:
-            self.check_no_turn()
+            await self.lock.acquire()
+        except BaseException:
+            self._turn_claimed = False
+            raise
+        try:
             self._cancel_idle_timer()
             client = await self.ensure_client()
             if self.record.closed:
@@ -262,6 +269,7 @@ class SessionWorker:
                 self._drop_client()
                 raise AgentUnavailable(self.session_id, str(err)) from err
         except BaseException:
+            self._turn_claimed = False
             self.lock.release()
             raise
         turn = Turn(self.session_id, text)
@@ -295,6 +303,7 @@ class SessionWorker:
             self.update_time = self._ctx.ledger.touch_session(self.session_id)
             with contextlib.suppress(Exception):
                 self.view()
+            self._turn_claimed = False
             await turn.finish(error)
             self.lock.release()
             self._arm_idle_timer()

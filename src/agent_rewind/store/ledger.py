@@ -303,7 +303,8 @@ class Ledger:
         statements: list[tuple[str, tuple[Any, ...]]] = [
             (
                 "UPDATE rewinds SET state = 'applied', result_json = ?,"
-                " cursor = (SELECT COALESCE(MAX(cursor), 0) + 1 FROM rewinds) WHERE rewind_id = ?",
+                " cursor = (SELECT COALESCE(MAX(cursor), 0) + 1 FROM rewinds)"
+                " WHERE rewind_id = ? AND state = 'pending'",
                 (json.dumps(result), rewind_id),
             )
         ]

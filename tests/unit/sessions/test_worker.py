@@ -573,6 +573,30 @@ async def test_after_shutdown_no_client_is_started(make_worker: MakeWorker) -> N
     assert factory.clients == []
 
 
+async def test_a_client_that_finishes_starting_after_shutdown_began_is_closed(
+    make_worker: MakeWorker,
+) -> None:
+    start_gate = asyncio.Event()
+
+    def setup(client: FakeClient) -> None:
+        client.start_gate = start_gate
+
+    worker, factory = make_worker(factory=FakeFactory(setup))
+
+    async def use() -> None:
+        async with worker.exclusive():
+            await worker.ensure_client()
+
+    user = asyncio.create_task(use())
+    await asyncio.sleep(0.05)  # the CLI is starting
+    await within(worker.shutdown(0))
+    start_gate.set()
+    with pytest.raises(ShuttingDown):
+        await within(user)
+    assert factory.last.closed
+    assert worker.client_pid is None
+
+
 # The ClientSpec
 
 

@@ -1,0 +1,121 @@
+"""The model backend choice and the environment every CLI process gets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agent_rewind.config import Config
+from agent_rewind.server import choose_backend, cli_environment
+
+SCRIPTED_URL = "http://127.0.0.1:43210"
+
+
+@pytest.fixture(autouse=True)
+def no_anthropic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("ANTHROPIC_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return Config(state_dir=tmp_path / "state").resolved()
+
+
+def scripted_model() -> Any:
+    # Only base_url is read; a real ScriptedModel would start an HTTP server.
+    return SimpleNamespace(base_url=SCRIPTED_URL)
+
+
+# choose_backend
+
+
+def test_auto_picks_anthropic_when_an_api_key_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    assert choose_backend(Config(model="auto")) == "anthropic"
+
+
+def test_auto_picks_offline_without_an_api_key() -> None:
+    assert choose_backend(Config(model="auto")) == "offline"
+
+
+def test_auto_treats_an_empty_api_key_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "")
+    assert choose_backend(Config(model="auto")) == "offline"
+
+
+def test_auto_ignores_other_anthropic_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://gateway.example")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "tok")
+    assert choose_backend(Config(model="auto")) == "offline"
+
+
+def test_explicit_offline_wins_over_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    assert choose_backend(Config(model="offline")) == "offline"
+
+
+def test_explicit_anthropic_wins_without_an_api_key() -> None:
+    assert choose_backend(Config(model="anthropic")) == "anthropic"
+
+
+# cli_environment
+
+
+def test_offline_blanks_every_anthropic_variable_and_points_at_the_scripted_model(
+    monkeypatch: pytest.MonkeyPatch, config: Config
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-real-key")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "real-token")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://gateway.example")
+    monkeypatch.setenv("ANTHROPIC_MODEL", "claude-real")
+    monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "x-team: a")
+
+    env = cli_environment(config, scripted_model())
+
+    assert env["ANTHROPIC_BASE_URL"] == SCRIPTED_URL
+    # The key the CLI sends is a placeholder, never the service's real one.
+    assert env["ANTHROPIC_API_KEY"] not in ("", "sk-ant-real-key")
+    for key in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL", "ANTHROPIC_CUSTOM_HEADERS"):
+        assert env[key] == "", key
+    # What the CLI would actually see (the SDK lays env over the service's environment).
+    seen = {**os.environ, **env}
+    real = {"sk-ant-real-key", "real-token", "https://gateway.example", "claude-real", "x-team: a"}
+    assert not real & {v for k, v in seen.items() if k.startswith("ANTHROPIC_")}
+
+
+def test_offline_without_anthropic_variables_still_points_at_the_scripted_model(config: Config) -> None:
+    env = cli_environment(config, scripted_model())
+    assert env["ANTHROPIC_BASE_URL"] == SCRIPTED_URL
+    assert env["ANTHROPIC_API_KEY"]
+
+
+def test_anthropic_keeps_the_environment_base_url(monkeypatch: pytest.MonkeyPatch, config: Config) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-real-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://gateway.example")
+
+    env = cli_environment(config, None)
+
+    assert not any(k.startswith("ANTHROPIC_") and v == "" for k, v in env.items())
+    seen = {**os.environ, **env}
+    assert seen["ANTHROPIC_BASE_URL"] == "https://gateway.example"
+    assert seen["ANTHROPIC_API_KEY"] == "sk-ant-real-key"
+
+
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "anthropic"])
+def test_cli_gets_its_config_dir_and_home_under_the_state_dir(config: Config, offline: bool) -> None:
+    env = cli_environment(config, scripted_model() if offline else None)
+    assert env["CLAUDE_CONFIG_DIR"] == str(config.state_dir / "claude")
+    assert Path(env["CLAUDE_CONFIG_DIR"]).is_relative_to(config.state_dir)
+    assert env["HOME"] == str(config.state_dir / "home")
+    assert Path(env["HOME"]).is_relative_to(config.state_dir)
+
+
+def test_extra_env_is_passed_to_the_cli(tmp_path: Path) -> None:
+    config = Config(state_dir=tmp_path / "state", extra_env={"FOO": "bar"}).resolved()
+    assert cli_environment(config, None)["FOO"] == "bar"
