@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -29,23 +30,30 @@ def _bind(rpc: str, request: Any) -> None:
     structlog.contextvars.bind_contextvars(**context)
 
 
+@contextlib.asynccontextmanager
+async def _error_boundary(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """Domain errors become their status; anything unexpected becomes INTERNAL, logged here."""
+    try:
+        yield
+    except AgentRewindError as err:
+        log.info("rpc refused", reason=err.reason, error=err.message)
+        await abort(context, err)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        log.exception("rpc failed unexpectedly")
+        await abort_internal(context)
+
+
 def unary(
     fn: Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
 ) -> Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         _bind(fn.__name__, request)
-        try:
+        async with _error_boundary(context):
             return await fn(self, request, context)
-        except AgentRewindError as err:
-            log.info("rpc refused", reason=err.reason, error=err.message)
-            await abort(context, err)
-        except grpc.aio.AbortError:
-            raise
-        except Exception:
-            log.exception("rpc failed unexpectedly")
-            await abort_internal(context)
-        raise AssertionError("unreachable: abort raises")
+        raise AssertionError("unreachable: the boundary aborts")
 
     return wrapper
 
@@ -56,16 +64,8 @@ def streaming(
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
         _bind(fn.__name__, request)
-        try:
+        async with _error_boundary(context):
             async for item in fn(self, request, context):
                 yield item
-        except AgentRewindError as err:
-            log.info("rpc refused", reason=err.reason, error=err.message)
-            await abort(context, err)
-        except grpc.aio.AbortError:
-            raise
-        except Exception:
-            log.exception("rpc failed unexpectedly")
-            await abort_internal(context)
 
     return wrapper

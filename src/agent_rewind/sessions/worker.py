@@ -294,11 +294,10 @@ class SessionWorker:
             error = AgentUnavailable(self.session_id, "the turn was cancelled by a server shutdown")
             self._drop_client()
             raise
-        except Exception as err:  # a bug must not leave the session locked
+        except Exception:  # a bug must not leave the session locked
             self._log.exception("turn crashed")
             self._drop_client()
             error = AgentRewindError("the turn failed unexpectedly")
-            del err
         finally:
             self.update_time = self._ctx.ledger.touch_session(self.session_id)
             with contextlib.suppress(Exception):
