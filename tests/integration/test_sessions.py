@@ -257,3 +257,36 @@ async def test_stray_anthropic_environment_does_not_reach_the_offline_agent(
     async with serve(tmp_path) as c:
         sid = (await c.create()).session_id
         assert result_of(await c.prompt(sid, "say offline")).subtype == "success"
+
+
+async def test_create_is_idempotent_by_request_id_and_sessions_are_paged(tmp_path: Path) -> None:
+    import uuid
+
+    async with serve(tmp_path) as c:
+        rid = str(uuid.uuid4())
+        first = await c.create(request_id=rid)
+        again = await c.create(request_id=rid)
+        assert again.session_id == first.session_id
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.create(request_id=rid, enable_file_checkpointing=False)
+        assert error_info(err.value).reason == "REQUEST_ID_REUSED"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.create(session_id=first.session_id)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert error_info(err.value).reason == "SESSION_ALREADY_EXISTS"
+        chosen = str(uuid.uuid4())
+        assert (await c.create(session_id=chosen)).session_id == chosen
+
+        request = session_service_pb2.ListSessionsRequest(page_size=1)
+        seen = []
+        while True:
+            page = await c.sessions.ListSessions(request)
+            assert len(page.sessions) <= 1
+            seen += [s.session_id for s in page.sessions]
+            if not page.next_page_token:
+                break
+            request = session_service_pb2.ListSessionsRequest(page_size=1, page_token=page.next_page_token)
+        assert seen == [chosen, first.session_id], "newest first, each once"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest(page_token="garbage"))
+        assert bad_request(err.value).field_violations[0].field == "page_token"
