@@ -1,0 +1,130 @@
+"""The SDK adapter against the real CLI: what the service relies on from this SDK version.
+
+These pin the uses of SDK internals (the rewind_files control request and its answer, the
+process handle) so an SDK upgrade that changes them fails here, loudly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.sessions import adapter
+from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
+from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.testing import ScriptedModel
+
+
+@pytest.fixture(scope="module")
+def model() -> AsyncIterator[ScriptedModel]:
+    with ScriptedModel() as m:
+        yield m  # type: ignore[misc]
+
+
+def _spec(tmp_path: Path, model: ScriptedModel, **kw: object) -> ClientSpec:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    values: dict[str, object] = {
+        "session_id": str(uuid.uuid4()),
+        "cwd": workspace,
+        "options": {},
+        "checkpointing": True,
+        "env": {
+            "ANTHROPIC_BASE_URL": model.base_url,
+            "ANTHROPIC_API_KEY": "test",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CONFIG_DIR": str(tmp_path / "claude"),
+            "HOME": str(tmp_path),
+        },
+        "resume": False,
+    }
+    values.update(kw)
+    return ClientSpec(**values)  # type: ignore[arg-type]
+
+
+async def _turn(client: SdkAgentClient, text: str) -> list[TurnEvent]:
+    await client.send_prompt(text)
+    return [event async for event in client.receive_turn()]
+
+
+async def test_files_rewind_answers_with_the_clis_full_result(tmp_path: Path, model: ScriptedModel) -> None:
+    client = SdkAgentClient(_spec(tmp_path, model))
+    await client.start()
+    try:
+        assert client.alive and client.pid
+        first = await _turn(client, "write a.txt one")
+        second = await _turn(client, "edit a.txt one => two\nwrite b.txt bee")
+        assert isinstance(second[-1], ResultEvent)
+        target = next(e.message_id for e in second if isinstance(e, PromptEvent))
+        assert (tmp_path / "ws" / "a.txt").read_text() == "two\n"
+
+        preview = await client.rewind_files(target, dry_run=True)
+        assert preview.can_rewind
+        assert sorted(Path(f).name for f in preview.files_changed) == ["a.txt", "b.txt"]
+        assert preview.insertions >= 1 and preview.deletions >= 1
+        assert (tmp_path / "ws" / "a.txt").read_text() == "two\n", "a dry run changes nothing"
+
+        applied = await client.rewind_files(target, dry_run=False)
+        assert applied.can_rewind and applied.skipped_links == 0
+        assert (tmp_path / "ws" / "a.txt").read_text() == "one\n"
+        assert not (tmp_path / "ws" / "b.txt").exists()
+
+        unknown = await client.rewind_files(str(uuid.uuid4()), dry_run=True)
+        assert not unknown.can_rewind and "checkpoint" in unknown.error.lower()
+        assert isinstance(first[0], PromptEvent)
+    finally:
+        await client.close()
+    assert not client.alive
+
+
+async def test_checkpoints_survive_the_process_and_resume_at_cuts_the_conversation(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    spec = _spec(tmp_path, model)
+    client = SdkAgentClient(spec)
+    await client.start()
+    ids = []
+    for text in ("write a.txt one", "say two", "say three"):
+        events = await _turn(client, text)
+        ids.append(next(e.message_id for e in events if isinstance(e, PromptEvent)))
+    await client.close()
+
+    import json
+
+    transcript = next((tmp_path / "claude" / "projects").glob(f"*/{spec.session_id}.jsonl"))
+    parents = {
+        e["uuid"]: e.get("parentUuid")
+        for e in map(json.loads, transcript.read_text().splitlines())
+        if e.get("uuid")
+    }
+    resumed = SdkAgentClient(
+        _spec(tmp_path, model, session_id=spec.session_id, resume=True, resume_session_at=parents[ids[1]])
+    )
+    await resumed.start()
+    try:
+        assert (await resumed.rewind_files(ids[0], dry_run=True)).can_rewind
+        events = await _turn(resumed, "recall")
+        recall = next(e.text for e in events if getattr(e, "text", "").startswith("RECALL"))
+        assert json.loads(recall.removeprefix("RECALL: ")) == ["write a.txt one", "recall"]
+    finally:
+        await resumed.close()
+
+
+def test_the_bundled_cli_is_the_version_the_adapter_reports() -> None:
+    import claude_agent_sdk
+
+    binary = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=True)
+    assert adapter.cli_version() in out.stdout
+    assert adapter.sdk_version() == "0.2.184"
+
+
+async def test_a_cli_that_cannot_start_raises_agent_error(tmp_path: Path, model: ScriptedModel) -> None:
+    client = SdkAgentClient(_spec(tmp_path, model, resume=True), connect_timeout=30)
+    with pytest.raises(adapter.AgentError):
+        await client.start()  # resuming a session that has no transcript
+    assert not client.alive
