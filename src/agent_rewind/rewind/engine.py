@@ -141,7 +141,7 @@ class RewindEngine:
         self._ledger = ledger
 
     async def _plan(self, worker: SessionWorker, req: RewindRequest) -> _Plan:
-        view = worker.view()
+        view = await worker.view()
         point = view.resolve(req.message_id)
         if req.expected_last_message_id is not None and req.expected_last_message_id != view.last_message_id:
             raise RewindConflict(req.expected_last_message_id, view.last_message_id)
@@ -252,11 +252,10 @@ class RewindEngine:
             )
         anchor = Anchor(**plan["anchor"]) if plan["anchor"] else None
         conversation = outcome.conversation
+        last = (await worker.view()).last_message_id  # also catches up, after a restart
         if anchor is not None:
             conversation = ConversationHalf(True, True, True, conversation.messages_dropped)
             last = worker.view_at(anchor.anchor_uuid).last_message_id
-        else:
-            last = worker.view().last_message_id
         final = RewindOutcome(record.rewind_id, files, conversation, last)
         self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor)
         if anchor is not None:

@@ -13,6 +13,7 @@ from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.errors import InvalidArgument
 from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome
 from agent_rewind.rewind.points import PREVIEW_CHARS, RewindPoint
+from agent_rewind.rewind.transcript import ConversationView
 from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, ToolResultEvent, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, State
 
@@ -53,8 +54,7 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return out
 
 
-def session(worker: SessionWorker) -> session_pb2.Session:
-    view = worker.view()
+def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Session:
     record = worker.record
     return session_pb2.Session(
         session_id=worker.session_id,

@@ -44,7 +44,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     ) -> rewind_service_pb2.ListRewindPointsResponse:
         worker = self._registry.get(_required("session_id", request.session_id))
         offset, size = convert.page_bounds(request.page_size, request.page_token, default=100)
-        view = worker.view()
+        view = await worker.view()
         points = view.points[offset : offset + size]
         return rewind_service_pb2.ListRewindPointsResponse(
             points=[convert.rewind_point(p, worker.record.checkpointing) for p in points],

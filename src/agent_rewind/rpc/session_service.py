@@ -11,6 +11,7 @@ from agent_rewind.errors import InvalidArgument
 from agent_rewind.rpc import convert
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.sessions.worker import SessionWorker
 
 
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
@@ -39,13 +40,13 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             if not worker.record.started:
                 self._registry.forget(worker.session_id)
             raise
-        return convert.session(worker)
+        return await _session(worker)
 
     @unary
     async def GetSession(  # noqa: N802
         self, request: session_service_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        return convert.session(self._registry.get(_required("session_id", request.session_id)))
+        return await _session(self._registry.get(_required("session_id", request.session_id)))
 
     @unary
     async def ListSessions(  # noqa: N802
@@ -54,7 +55,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         offset, size = convert.page_bounds(request.page_size, request.page_token, default=50)
         workers = self._registry.list()
         return session_service_pb2.ListSessionsResponse(
-            sessions=[convert.session(w) for w in workers[offset : offset + size]],
+            sessions=[await _session(w) for w in workers[offset : offset + size]],
             next_page_token=convert.next_page_token(offset, size, len(workers)),
         )
 
@@ -75,7 +76,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     ) -> session_pb2.Session:
         worker = self._registry.get(_required("session_id", request.session_id))
         await worker.interrupt()
-        return convert.session(worker)
+        return await _session(worker)
 
     @unary
     async def CloseSession(  # noqa: N802
@@ -84,7 +85,11 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         worker = self._registry.get(_required("session_id", request.session_id))
         worker.check_no_turn()
         await worker.close()
-        return convert.session(worker)
+        return await _session(worker)
+
+
+async def _session(worker: SessionWorker) -> session_pb2.Session:
+    return convert.session(worker, await worker.view())
 
 
 def _required(field: str, value: str) -> str:

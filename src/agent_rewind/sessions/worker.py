@@ -30,6 +30,9 @@ log = structlog.get_logger(__name__)
 
 ClientFactory = Callable[[ClientSpec], AgentClient]
 
+# Transcript reads larger than this run in a thread (a 5,000-turn transcript is about 35 MB).
+_READ_INLINE_BYTES = 1 << 20
+
 
 class State:
     IDLE = "IDLE"
@@ -74,6 +77,7 @@ class SessionWorker:
         self._turn_task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._index: TranscriptIndex | None = None
+        self._read_lock = asyncio.Lock()
         self._shutting_down = False
         self.update_time: datetime = record.update_time
         self._log = log.bind(session_id=self.session_id)
@@ -104,16 +108,33 @@ class SessionWorker:
         if self._index is None:
             path = transcript_path(self._ctx.claude_config_dir, self.record.cwd, self.session_id)
             self._index = TranscriptIndex(path)
-        self._index.refresh()
         return self._index
 
-    def view(self) -> ConversationView:
+    async def catch_up(self) -> TranscriptIndex:
+        """Reads what the CLI appended to the transcript since the last read.
+
+        A large read (a long session's first) runs in a thread so the event loop, and every
+        other session, never waits on it. Reads of one session are serialized.
+        """
+        index = self._transcript()
+        async with self._read_lock:
+            try:
+                unread = index.path.stat().st_size - index.size
+            except OSError:
+                unread = 0
+            if unread > _READ_INLINE_BYTES:
+                await asyncio.to_thread(index.refresh)
+            else:
+                index.refresh()
+        return index
+
+    async def view(self) -> ConversationView:
         """The visible conversation: the transcript's own, cut at a pending rewind anchor if any.
 
         A conversation rewind is durable the moment it returns because the cut lives in the
         ledger until a new turn has written it into the transcript itself.
         """
-        index = self._transcript()
+        index = await self.catch_up()
         anchor = self._ctx.ledger.anchor(self.session_id)
         if anchor is None:
             return index.view()
@@ -123,6 +144,8 @@ class SessionWorker:
             return index.view()
         return index.view(anchor.anchor_uuid)
 
+    # The three below read what the last `view()` caught up with.
+
     def transcript_view(self) -> ConversationView:
         """The conversation as the transcript alone shows it, ignoring a pending cut."""
         return self._transcript().view()
@@ -130,6 +153,10 @@ class SessionWorker:
     def view_at(self, leaf: str) -> ConversationView:
         """The conversation as it would be after a cut at `leaf`."""
         return self._transcript().view(leaf)
+
+    def transcript_size(self) -> int:
+        size: int = self._transcript().size
+        return size
 
     @staticmethod
     def _cut_is_in_transcript(index: TranscriptIndex, anchor: Anchor) -> bool:
@@ -148,16 +175,12 @@ class SessionWorker:
             for p in view.points[-1:]
         )
 
-    def transcript_size(self) -> int:
-        size: int = self._transcript().size
-        return size
-
     # The client
 
-    def _spec(self) -> ClientSpec:
+    async def _spec(self) -> ClientSpec:
         anchor = self._ctx.ledger.anchor(self.session_id)
         if anchor is not None:
-            self.view()  # clears the anchor when the transcript already shows the cut
+            await self.view()  # clears the anchor when the transcript already shows the cut
             anchor = self._ctx.ledger.anchor(self.session_id)
         return ClientSpec(
             session_id=self.session_id,
@@ -184,7 +207,7 @@ class SessionWorker:
             self._log.warning("cli process gone; resuming the session in a new one")
             self._drop_client()
         await self._await_closing()
-        spec = self._spec()
+        spec = await self._spec()
         started = time.perf_counter()
         client = self._ctx.client_factory(spec)
         try:
@@ -301,7 +324,7 @@ class SessionWorker:
         finally:
             self.update_time = self._ctx.ledger.touch_session(self.session_id)
             with contextlib.suppress(Exception):
-                self.view()
+                await self.view()
             self._turn_claimed = False
             await turn.finish(error)
             self.lock.release()

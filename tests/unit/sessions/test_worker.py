@@ -693,7 +693,7 @@ async def test_client_spec_resumes_at_a_pending_ledger_anchor(
     ledger.complete_rewind("rewind-1", {"ok": True}, anchor)
 
     worker, factory = make_worker(session_id=sid)
-    assert worker.view().last_message_id == a1  # the cut shows before any client runs
+    assert (await worker.view()).last_message_id == a1  # the cut shows before any client runs
     async with worker.exclusive():
         await worker.ensure_client()
     spec = factory.specs[0]
@@ -742,3 +742,39 @@ async def test_client_spec_without_drops_turn_when_the_anchor_has_none(
         await worker.ensure_client()
     assert factory.specs[0].resume_session_at == a1
     assert factory.specs[0].resume_drops_turn is None
+
+
+async def test_a_large_transcript_is_read_off_the_event_loop(
+    make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long session's first read must not stall every other session on the loop."""
+    import agent_rewind.sessions.worker as worker_module
+
+    calls: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def spy(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        calls.append(fn)
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module.asyncio, "to_thread", spy)
+    monkeypatch.setattr(worker_module, "_READ_INLINE_BYTES", 10)
+    worker, _factory = make_worker()
+    path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "type": "user",
+                "uuid": str(uuid.uuid4()),
+                "parentUuid": None,
+                "promptSource": "sdk",
+                "message": {"role": "user", "content": "hello"},
+                "timestamp": "2026-11-29T10:00:00Z",
+            }
+        )
+        + "\n"
+    )
+    view = await worker.view()
+    assert len(view.points) == 1
+    assert calls, "the read ran in a thread"
