@@ -355,3 +355,24 @@ async def test_a_closed_session_can_be_rewound_and_a_prompt_reopens_it(tmp_path:
         assert (await c.get(sid)).state == session_pb2.SESSION_STATE_CLOSED
         assert await c.recall(sid) == [P0, P1, "recall"]
         assert (await c.get(sid)).state == session_pb2.SESSION_STATE_IDLE
+
+
+async def test_subagent_messages_are_streamed_but_are_not_rewind_points(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        await c.prompt(sid, P0)
+        events = await c.prompt(sid, "agent write sub.txt from the subagent\nsay delegated")
+        sub = [e for e in events if e.parent_tool_use_id]
+        assert any(e.HasField("user_prompt") for e in sub), "the subagent's prompt is streamed"
+        assert read(Path(session.cwd) / "sub.txt") == "from the subagent\n"
+        points = await c.points(sid)
+        assert [p.text for p in points.points] == [P0, "agent write sub.txt from the subagent\nsay delegated"]
+        sub_prompt = next(e.message_id for e in sub if e.HasField("user_prompt"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, sub_prompt, CONVERSATION)
+        assert error_info(err.value).reason == "NOT_A_REWIND_POINT"
+        # The turn that started the subagent is the point.
+        result = await c.rewind(sid, prompt_id(events), CONVERSATION)
+        assert result.conversation.rewound
+        assert await c.recall(sid) == [P0, "recall"]
