@@ -290,3 +290,17 @@ async def test_create_is_idempotent_by_request_id_and_sessions_are_paged(tmp_pat
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest(page_token="garbage"))
         assert bad_request(err.value).field_violations[0].field == "page_token"
+
+
+async def test_a_long_or_unusual_workspace_path_still_finds_its_transcript(tmp_path: Path) -> None:
+    from agent_rewind.api.v1 import rewind_service_pb2
+
+    async with serve(tmp_path) as c:
+        for cwd in ("/".join(["a" * 80, "b" * 80, "c" * 80]), "my project_v2.0 (ünïcode)"):
+            session = await c.create(cwd=cwd)
+            await c.prompt(session.session_id, "say hi")
+            points = await c.rewinds.ListRewindPoints(
+                rewind_service_pb2.ListRewindPointsRequest(session_id=session.session_id)
+            )
+            assert [p.text for p in points.points] == ["say hi"], cwd
+            assert (await c.get(session.session_id)).turn_count == 1

@@ -54,12 +54,20 @@ class WorkerContext:
 
 def transcript_path(config_dir: Path, cwd: str, session_id: str) -> Path:
     """Where the CLI writes a session's transcript (SDK-FACTS.md)."""
-    sanitized = "".join(c if c.isalnum() else "-" for c in cwd)
+    sanitized = "".join(c if c.isascii() and c.isalnum() else "-" for c in cwd)
     path = config_dir / "projects" / sanitized / f"{session_id}.jsonl"
-    if path.exists():
+    if _exists(path):
         return path
     found = sorted((config_dir / "projects").glob(f"*/{session_id}.jsonl"))
     return found[0] if found else path
+
+
+def _exists(path: Path) -> bool:
+    """Like Path.exists, but a name too long for the file system simply does not exist."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 class SessionWorker:
@@ -105,9 +113,12 @@ class SessionWorker:
     # The transcript, as the service shows it
 
     def _transcript(self) -> TranscriptIndex:
-        if self._index is None:
+        # Until the CLI has written the file, look again each time: the CLI shortens very long
+        # project paths in its own way, which only the file's presence reveals.
+        if self._index is None or (self._index.size == 0 and not _exists(self._index.path)):
             path = transcript_path(self._ctx.claude_config_dir, self.record.cwd, self.session_id)
-            self._index = TranscriptIndex(path)
+            if self._index is None or path != self._index.path:
+                self._index = TranscriptIndex(path)
         return self._index
 
     async def catch_up(self) -> TranscriptIndex:
