@@ -19,6 +19,7 @@ Not thread-safe: the service serializes everything per session.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -122,7 +123,10 @@ class _LineReader:
         """Yield (offset, line) for each new complete line, one chunk in memory at a time."""
         try:
             f = self.path.open("rb")
-        except FileNotFoundError:
+        except OSError as err:
+            # Not written yet (or a name the file system cannot hold): an empty transcript.
+            if err.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+                raise
             if self.position:
                 self._restart(None, on_reset)
             return

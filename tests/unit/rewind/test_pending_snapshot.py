@@ -75,3 +75,9 @@ def test_an_older_prompt_without_a_snapshot_has_no_checkpoint(tmp_path: Path) ->
     index = TranscriptIndex(path)
     index.refresh()
     assert [p.has_checkpoint for p in index.view().points] == [False, True]
+
+
+def test_a_path_too_long_for_the_file_system_reads_as_an_empty_transcript(tmp_path: Path) -> None:
+    index = TranscriptIndex(tmp_path / ("x" * 300) / "s.jsonl")
+    index.refresh()
+    assert index.size == 0 and len(index.view().points) == 0
