@@ -1,4 +1,4 @@
-"""The CLI writes a prompt's file-history snapshot lazily, after its turn's entries."""
+"""Edges of reading a live transcript: lazily written snapshots, paths the file system refuses."""
 
 from __future__ import annotations
 
