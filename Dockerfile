@@ -65,7 +65,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER ${UID}:${UID}
 WORKDIR /var/lib/agent-rewind
 
-# Everything durable: the ledger, the event log, the CLI's transcripts and file checkpoints, and
+# Everything durable: the ledger (sessions, rewinds), the CLI's transcripts and file checkpoints, and
 # (by default) the session workspaces. Losing it loses every session.
 VOLUME ["/var/lib/agent-rewind"]
 EXPOSE 50051
