@@ -82,6 +82,7 @@ class SessionWorker:
         # Claimed from the moment a prompt is accepted (before its CLI may still be starting)
         # until its turn ends: rewinds and second prompts are refused for all of that time.
         self._turn_claimed = False
+        self._interrupt_pending = False
         self._turn_task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._index: TranscriptIndex | None = None
@@ -286,6 +287,7 @@ class SessionWorker:
         """Starts a turn and returns its event log. The turn runs on without listeners."""
         self.check_no_turn()
         self._turn_claimed = True
+        self._interrupt_pending = False
         try:
             await self.lock.acquire()
         except BaseException:
@@ -309,6 +311,9 @@ class SessionWorker:
         turn = Turn(self.session_id, text)
         self._turn = turn
         self._turn_task = asyncio.create_task(self._run_turn(client, turn), name=f"turn-{self.session_id}")
+        if self._interrupt_pending:
+            with contextlib.suppress(AgentUnavailable):  # the turn itself reports a dead process
+                await self.interrupt()
         return turn
 
     async def _run_turn(self, client: AgentClient, turn: Turn) -> None:
@@ -342,8 +347,11 @@ class SessionWorker:
             self._arm_idle_timer()
 
     async def interrupt(self) -> None:
+        """Stops the turn in flight; one still starting its CLI is stopped as soon as it is sent."""
         turn, client = self._turn, self._client
         if turn is None or turn.done or client is None:
+            if self._turn_claimed:
+                self._interrupt_pending = True
             return
         turn.interrupted = True
         try:

@@ -778,3 +778,26 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
     view = await worker.view()
     assert len(view.points) == 1
     assert calls, "the read ran in a thread"
+
+
+async def test_interrupt_while_the_prompt_is_still_starting_its_client_stops_the_turn(
+    make_worker: MakeWorker,
+) -> None:
+    start_gate = asyncio.Event()
+    turn_gate = asyncio.Event()
+
+    def setup(client: FakeClient) -> None:
+        client.start_gate = start_gate
+        client.turn_gate = turn_gate
+
+    worker, factory = make_worker(factory=FakeFactory(setup))
+    prompt = asyncio.create_task(worker.start_turn("hello"))
+    await asyncio.sleep(0.05)
+    assert worker.state == State.RUNNING and not prompt.done()
+    await worker.interrupt()  # nothing to send it to yet
+    start_gate.set()
+    turn = await within(prompt)
+    assert factory.last.interrupts == 1, "the interrupt reached the CLI once the prompt was sent"
+    assert turn.interrupted
+    turn_gate.set()
+    await collect(turn)
