@@ -60,6 +60,10 @@ class Client:
         call = self.sessions.Prompt(session_service_pb2.PromptRequest(session_id=session_id, text=text))
         return [event async for event in call]
 
+    async def prompt_events(self, session_id: str, text: str, request_id: str) -> list[session_pb2.TurnEvent]:
+        request = session_service_pb2.PromptRequest(session_id=session_id, text=text, request_id=request_id)
+        return [event async for event in self.sessions.Prompt(request)]
+
     async def get(self, session_id: str) -> session_pb2.Session:
         return await self.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=session_id))
 

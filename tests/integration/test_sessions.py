@@ -304,3 +304,30 @@ async def test_a_long_or_unusual_workspace_path_still_finds_its_transcript(tmp_p
             )
             assert [p.text for p in points.points] == ["say hi"], cwd
             assert (await c.get(session.session_id)).turn_count == 1
+
+
+async def test_a_retried_prompt_with_its_request_id_reattaches_to_the_same_turn(tmp_path: Path) -> None:
+    import uuid
+
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        rid = str(uuid.uuid4())
+        text = "sleep 1\nwrite once.txt one\nsay written"
+        call = c.sessions.Prompt(session_service_pb2.PromptRequest(session_id=sid, text=text, request_id=rid))
+        async for _ in call:
+            break  # the connection drops after the first event
+        call.cancel()
+        retry = c.sessions.Prompt(
+            session_service_pb2.PromptRequest(session_id=sid, text=text, request_id=rid)
+        )
+        events = [e async for e in retry]
+        assert events[0].HasField("user_prompt") and result_of(events).subtype == "success"
+        assert read(Path(session.cwd) / "once.txt") == "one\n"
+        assert (await c.get(sid)).turn_count == 1, "the retry ran no second turn"
+        # After the turn, the same request id still replays it; with another text it is refused.
+        again = await c.prompt_events(sid, text, rid)
+        assert [e.message_id for e in again] == [e.message_id for e in events]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.prompt_events(sid, "say other", rid)
+        assert error_info(err.value).reason == "REQUEST_ID_REUSED"

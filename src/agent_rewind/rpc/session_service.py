@@ -10,7 +10,7 @@ from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_servic
 from agent_rewind.errors import InvalidArgument
 from agent_rewind.rpc import convert
 from agent_rewind.rpc.handlers import streaming, unary
-from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.sessions.registry import SessionRegistry, parse_uuid
 from agent_rewind.sessions.worker import SessionWorker
 
 
@@ -66,7 +66,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         worker = self._registry.get(_required("session_id", request.session_id))
         if not request.text.strip():
             raise InvalidArgument("text", "must not be empty")
-        turn = await worker.start_turn(request.text)
+        request_id = parse_uuid("request_id", request.request_id) if request.request_id else ""
+        turn = await worker.start_turn(request.text, request_id)
         async for event in turn.events():
             yield convert.turn_event(worker.session_id, event)
 

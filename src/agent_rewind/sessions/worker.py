@@ -19,7 +19,13 @@ from typing import Any
 
 import structlog
 
-from agent_rewind.errors import AgentRewindError, AgentUnavailable, ShuttingDown, TurnInFlight
+from agent_rewind.errors import (
+    AgentRewindError,
+    AgentUnavailable,
+    RequestIdReused,
+    ShuttingDown,
+    TurnInFlight,
+)
 from agent_rewind.rewind.transcript import ConversationView, TranscriptIndex
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.events import FilesAnswer, PromptEvent, ResultEvent
@@ -29,6 +35,9 @@ from agent_rewind.store.ledger import Anchor, Ledger, SessionRecord
 log = structlog.get_logger(__name__)
 
 ClientFactory = Callable[[ClientSpec], AgentClient]
+
+# How many recent turns a retried Prompt (same request_id) can re-attach to, per session.
+_TURNS_REMEMBERED = 32
 
 # Transcript reads larger than this run in a thread (a 5,000-turn transcript is about 35 MB).
 _READ_INLINE_BYTES = 1 << 20
@@ -87,6 +96,8 @@ class SessionWorker:
         self._idle_timer: asyncio.TimerHandle | None = None
         self._index: TranscriptIndex | None = None
         self._read_lock = asyncio.Lock()
+        # Recent turns by the request_id that started them, oldest first.
+        self._turns_by_request: dict[str, Turn] = {}
         self._shutting_down = False
         self.update_time: datetime = record.update_time
         self._log = log.bind(session_id=self.session_id)
@@ -283,8 +294,18 @@ class SessionWorker:
             finally:
                 self.after_exclusive_use()
 
-    async def start_turn(self, text: str) -> Turn:
-        """Starts a turn and returns its event log. The turn runs on without listeners."""
+    async def start_turn(self, text: str, request_id: str = "") -> Turn:
+        """Starts a turn and returns its event log. The turn runs on without listeners.
+
+        A `request_id` seen before returns that turn's log instead (a retry re-attaches and
+        replays it from the start); reused with another text, it is refused.
+        """
+        if request_id:
+            known = self._turns_by_request.get(request_id)
+            if known is not None:
+                if known.text != text:
+                    raise RequestIdReused(request_id)
+                return known
         self.check_no_turn()
         self._turn_claimed = True
         self._interrupt_pending = False
@@ -310,6 +331,10 @@ class SessionWorker:
             raise
         turn = Turn(self.session_id, text)
         self._turn = turn
+        if request_id:
+            self._turns_by_request[request_id] = turn
+            while len(self._turns_by_request) > _TURNS_REMEMBERED:
+                self._turns_by_request.pop(next(iter(self._turns_by_request)))
         self._turn_task = asyncio.create_task(self._run_turn(client, turn), name=f"turn-{self.session_id}")
         if self._interrupt_pending:
             with contextlib.suppress(AgentUnavailable):  # the turn itself reports a dead process

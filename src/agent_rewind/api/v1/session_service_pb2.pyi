@@ -140,7 +140,11 @@ class PromptRequest(_message.Message):
     session_id: _builtins.str
     text: _builtins.str
     request_id: _builtins.str
-    """A UUID for tracing this prompt through logs."""
+    """A UUID (AIP-155). A retry with the same id re-attaches to the turn it
+    started, replaying its events from the start, instead of running a second
+    turn; the same id with another text is REQUEST_ID_REUSED. The server
+    remembers the last 32 turns of each session while it runs.
+    """
     def __init__(
         self,
         *,
