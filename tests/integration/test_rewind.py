@@ -204,6 +204,11 @@ async def test_request_id_makes_rewind_idempotent(tmp_path: Path) -> None:
         again = await c.rewind(sid, ids[2], BOTH, request_id=rid)
         assert again == first
         assert read(cwd / "c.txt") == "again\n", "the repeat applied nothing"
+        # A retry answers with the first result even while a turn runs.
+        turn = asyncio.ensure_future(c.prompt(sid, "sleep 1\nsay busy"))
+        await c.wait_for_state(sid, RUNNING)
+        assert await c.rewind(sid, ids[2], BOTH, request_id=rid) == first
+        await turn
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.rewind(sid, ids[1], BOTH, request_id=rid)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -187,6 +187,14 @@ class RewindEngine:
 
     async def rewind(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Applies a rewind, all of it or nothing."""
+        if req.request_id:
+            # A retry of an applied rewind gets its result whatever the session does now.
+            previous = self._ledger.rewind_by_request(req.request_id)
+            if previous is not None and previous.state == "applied":
+                if previous.fingerprint != req.fingerprint():
+                    raise RequestIdReused(req.request_id)
+                assert previous.result is not None
+                return RewindOutcome.from_json(previous.result)
         async with worker.exclusive():
             return await self._rewind_locked(worker, req)
 
