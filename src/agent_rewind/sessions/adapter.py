@@ -325,7 +325,8 @@ class SdkAgentClient:
         except TimeoutError:
             await self.close()
             raise AgentError(f"the Claude Code CLI did not start within {self._connect_timeout}s") from None
-        except AgentError:
+        except (AgentError, asyncio.CancelledError):
+            # A cancelled start (a shutdown, a caller gone) must not leave its process behind.
             await self.close()
             raise
 

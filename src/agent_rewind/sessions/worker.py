@@ -87,6 +87,7 @@ class SessionWorker:
         self.lock = asyncio.Lock()
         self._client: AgentClient | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._turn: Turn | None = None
         # Claimed from the moment a prompt is accepted (before its CLI may still be starting)
         # until its turn ends: rewinds and second prompts are refused for all of that time.
@@ -270,8 +271,29 @@ class SessionWorker:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
     def invalidate_client(self) -> None:
-        """The conversation changed under the client (a rewind): rebuild it when next needed."""
+        """The conversation changed under the client (a rewind).
+
+        The process that remembers the dropped turns is let go at once, and a new one resuming
+        at the cut starts in the background once the caller releases the lock: the rewind does
+        not wait for it, and the next prompt (edit-and-resend is the common case) rarely does.
+        """
         self._drop_client()
+        if not self.record.closed and not self._shutting_down:
+            task = asyncio.create_task(self._prewarm(), name=f"prewarm-{self.session_id}")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _prewarm(self) -> None:
+        async with self.lock:
+            if self._client is not None or self.record.closed or self._shutting_down:
+                return
+            try:
+                await self.ensure_client()
+            except AgentRewindError as err:
+                # The next call tries again and reports it; nobody waits on this one.
+                self._log.warning("could not start the CLI after a rewind", error=err.message)
+                return
+            self._arm_idle_timer()
 
     # Turns
 
@@ -448,6 +470,8 @@ class SessionWorker:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        # A background start sees the flag and ends its process itself; wait for it.
+        await asyncio.gather(*self._background, return_exceptions=True)
         self._drop_client()
         await self._await_closing()
 
