@@ -18,6 +18,8 @@ class Turn:
         self.session_id = session_id
         self.text = text
         self.prompt_id = ""
+        # True once the prompt reached the CLI; before that the CLI may still be starting.
+        self.sent = False
         self.interrupted = False
         self._events: list[TurnEvent] = []
         self._error: AgentRewindError | None = None

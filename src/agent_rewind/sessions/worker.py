@@ -223,10 +223,10 @@ class SessionWorker:
 
     async def ensure_client(self) -> AgentClient:
         """The live client, started (or resumed from the transcript) if needed. Call under the lock."""
-        if self._shutting_down:
-            raise ShuttingDown()
         if self._client is not None and self._client.alive:
             return self._client
+        if self._shutting_down:
+            raise ShuttingDown()  # no new process once the server is stopping
         if self._client is not None:
             self._log.warning("cli process gone; resuming the session in a new one")
             self._drop_client()
@@ -317,10 +317,13 @@ class SessionWorker:
                 self.after_exclusive_use()
 
     async def start_turn(self, text: str, request_id: str = "") -> Turn:
-        """Starts a turn and returns its event log. The turn runs on without listeners.
+        """Accepts a prompt and returns its turn's event log at once.
 
-        A `request_id` seen before returns that turn's log instead (a retry re-attaches and
-        replays it from the start); reused with another text, it is refused.
+        Everything after the acceptance (starting or resuming the CLI, sending the prompt,
+        reading the turn) runs in the turn's own task, so a caller that hangs up, even while
+        the CLI is still starting, loses nothing: the turn runs on to its end. A failure to
+        start ends the log with that error. A `request_id` seen before returns that turn's log
+        (a retry re-attaches and replays it from the start); with another text it is refused.
         """
         if request_id:
             known = self._turns_by_request.get(request_id)
@@ -329,49 +332,43 @@ class SessionWorker:
                     raise RequestIdReused(request_id)
                 return known
         self.check_no_turn()
+        if self._shutting_down:
+            raise ShuttingDown()
+        turn = Turn(self.session_id, text)
         self._turn_claimed = True
         self._interrupt_pending = False
-        try:
-            await self.lock.acquire()
-        except BaseException:
-            self._turn_claimed = False
-            raise
-        try:
-            self._cancel_idle_timer()
-            client = await self.ensure_client()
-            if self.record.closed:
-                self._ctx.ledger.touch_session(self.session_id, closed=False)
-                self.record = _replace(self.record, closed=False)
-            try:
-                await client.send_prompt(text)
-            except AgentError as err:
-                self._drop_client()
-                raise AgentUnavailable(self.session_id, str(err)) from err
-        except BaseException:
-            self._turn_claimed = False
-            self.lock.release()
-            raise
-        turn = Turn(self.session_id, text)
         self._turn = turn
         if request_id:
             self._turns_by_request[request_id] = turn
             while len(self._turns_by_request) > _TURNS_REMEMBERED:
                 self._turns_by_request.pop(next(iter(self._turns_by_request)))
-        self._turn_task = asyncio.create_task(self._run_turn(client, turn), name=f"turn-{self.session_id}")
-        if self._interrupt_pending:
-            with contextlib.suppress(AgentUnavailable):  # the turn itself reports a dead process
-                await self.interrupt()
+        self._turn_task = asyncio.create_task(self._run_turn(turn), name=f"turn-{self.session_id}")
         return turn
 
-    async def _run_turn(self, client: AgentClient, turn: Turn) -> None:
+    async def _run_turn(self, turn: Turn) -> None:
         error: AgentRewindError | None = None
+        locked = False
         try:
+            await self.lock.acquire()
+            locked = True
+            self._cancel_idle_timer()
+            client = await self.ensure_client()
+            if self.record.closed:
+                self._ctx.ledger.touch_session(self.session_id, closed=False)
+                self.record = _replace(self.record, closed=False)
+            await client.send_prompt(turn.text)
+            turn.sent = True
+            if self._interrupt_pending:
+                turn.interrupted = True
+                await client.interrupt()
             async for event in client.receive_turn():
                 if isinstance(event, PromptEvent) and not event.parent_tool_use_id and not turn.prompt_id:
                     turn.prompt_id = event.message_id
                 if isinstance(event, ResultEvent) and turn.interrupted:
                     event = _replace(event, interrupted=True)
                 await turn.publish(event)
+        except AgentRewindError as err:  # the CLI did not start, or the server is stopping
+            error = err
         except AgentError as err:
             self._log.error("turn failed", error=str(err))
             self._drop_client()
@@ -385,20 +382,23 @@ class SessionWorker:
             self._drop_client()
             error = AgentRewindError("the turn failed unexpectedly")
         finally:
-            self.update_time = self._ctx.ledger.touch_session(self.session_id)
-            with contextlib.suppress(Exception):
-                await self.view()
             self._turn_claimed = False
+            if turn.sent:
+                self.update_time = self._ctx.ledger.touch_session(self.session_id)
+                with contextlib.suppress(Exception):
+                    await self.view()
             await turn.finish(error)
-            self.lock.release()
+            if locked:
+                self.lock.release()
             self._arm_idle_timer()
 
     async def interrupt(self) -> None:
         """Stops the turn in flight; one still starting its CLI is stopped as soon as it is sent."""
         turn, client = self._turn, self._client
-        if turn is None or turn.done or client is None:
-            if self._turn_claimed:
-                self._interrupt_pending = True
+        if turn is None or turn.done:
+            return
+        if not turn.sent or client is None:
+            self._interrupt_pending = True
             return
         turn.interrupted = True
         try:

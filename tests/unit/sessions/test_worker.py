@@ -195,6 +195,13 @@ async def eventually(condition: Callable[[], bool], seconds: float = SOON) -> No
         await asyncio.sleep(0.01)
 
 
+async def sent(turn_or_awaitable: Awaitable[Turn]) -> Turn:
+    """Accepts a prompt and waits until it reached the (fake) CLI."""
+    turn = await within(turn_or_awaitable)
+    await eventually(lambda: turn.sent or turn.done)
+    return turn
+
+
 def gated(gate: asyncio.Event) -> Callable[[FakeClient], None]:
     def setup(client: FakeClient) -> None:
         client.turn_gate = gate
@@ -208,7 +215,7 @@ def gated(gate: asyncio.Event) -> Callable[[FakeClient], None]:
 async def test_start_turn_while_a_turn_runs_raises_turn_in_flight(make_worker: MakeWorker) -> None:
     gate = asyncio.Event()
     worker, factory = make_worker(factory=FakeFactory(gated(gate)))
-    turn = await within(worker.start_turn("first"))
+    turn = await sent(worker.start_turn("first"))
     assert worker.state == State.RUNNING
 
     with pytest.raises(TurnInFlight) as caught:
@@ -260,8 +267,8 @@ async def test_exclusive_refuses_at_once_while_a_prompt_is_still_starting_its_cl
 
     worker, _ = make_worker(factory=FakeFactory(setup))
     prompt = asyncio.create_task(worker.start_turn("hello"))
-    await asyncio.sleep(0.05)  # start_turn now holds the lock, waiting for the CLI to start
-    assert not prompt.done()
+    await asyncio.sleep(0.05)  # the turn now holds the lock, waiting for the CLI to start
+    assert not (await prompt).sent
 
     refused_at_once = False
     entered = False
@@ -453,8 +460,10 @@ async def test_start_turn_with_a_client_that_cannot_start_raises_and_releases_th
             client.start_error = AgentError("no cli")
 
     worker, _ = make_worker(factory=FakeFactory(setup))
+    failed = await within(worker.start_turn("hi"))
     with pytest.raises(AgentUnavailable):
-        await within(worker.start_turn("hi"))
+        await collect(failed)  # the turn's log ends with the start failure
+    assert not failed.sent
     assert not worker.lock.locked()
     assert not worker.turn_running
 
@@ -532,7 +541,7 @@ async def test_close_sets_closed_and_closes_the_client(make_worker: MakeWorker, 
 async def test_shutdown_waits_for_a_turn_that_ends_within_grace(make_worker: MakeWorker) -> None:
     gate = asyncio.Event()
     worker, factory = make_worker(factory=FakeFactory(gated(gate)))
-    turn = await within(worker.start_turn("finishing"))
+    turn = await sent(worker.start_turn("finishing"))
     asyncio.get_running_loop().call_later(0.1, gate.set)
 
     started = time.monotonic()
@@ -549,7 +558,7 @@ async def test_shutdown_cancels_a_turn_still_running_after_grace_and_closes_the_
 ) -> None:
     never = asyncio.Event()
     worker, factory = make_worker(factory=FakeFactory(gated(never)))
-    turn = await within(worker.start_turn("stuck"))
+    turn = await sent(worker.start_turn("stuck"))
 
     started = time.monotonic()
     await within(worker.shutdown(0.2))
@@ -793,11 +802,34 @@ async def test_interrupt_while_the_prompt_is_still_starting_its_client_stops_the
     worker, factory = make_worker(factory=FakeFactory(setup))
     prompt = asyncio.create_task(worker.start_turn("hello"))
     await asyncio.sleep(0.05)
-    assert worker.state == State.RUNNING and not prompt.done()
+    assert worker.state == State.RUNNING and not (await prompt).sent
     await worker.interrupt()  # nothing to send it to yet
     start_gate.set()
-    turn = await within(prompt)
+    turn = await sent(prompt)
     assert factory.last.interrupts == 1, "the interrupt reached the CLI once the prompt was sent"
     assert turn.interrupted
     turn_gate.set()
     await collect(turn)
+
+
+async def test_a_listener_gone_while_the_cli_starts_does_not_lose_the_prompt(make_worker: MakeWorker) -> None:
+    start_gate = asyncio.Event()
+
+    def setup(client: FakeClient) -> None:
+        client.start_gate = start_gate
+
+    worker, factory = make_worker(factory=FakeFactory(setup))
+    turn = await within(worker.start_turn("keep me"))
+
+    async def listen() -> None:
+        async for _ in turn.events():
+            pass
+
+    listener = asyncio.create_task(listen())
+    await asyncio.sleep(0.05)
+    listener.cancel()  # the RPC's caller hung up while the CLI was still starting
+    start_gate.set()
+    events = await collect(turn)
+    assert factory.last.prompts == ["keep me"]
+    assert isinstance(events[-1], ResultEvent)
+    assert worker.state == State.IDLE
