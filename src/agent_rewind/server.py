@@ -119,8 +119,9 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     port = server.add_insecure_port(config.listen)
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
-    await server.start()
+    # Interrupted rewinds are finished before any call is admitted.
     await engine.recover(registry.workers)
+    await server.start()
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(server, port, registry, ledger, health_servicer, model, config)

@@ -142,9 +142,10 @@ class RewindEngine:
 
     async def _plan(self, worker: SessionWorker, req: RewindRequest) -> _Plan:
         view = await worker.view()
-        point = view.resolve(req.message_id)
+        # Before resolving: a target dropped by a rewind the caller did not see is a conflict too.
         if req.expected_last_message_id is not None and req.expected_last_message_id != view.last_message_id:
             raise RewindConflict(req.expected_last_message_id, view.last_message_id)
+        point = view.resolve(req.message_id)
         files = FilesHalf()
         if req.mode.files:
             if not worker.record.checkpointing:
@@ -246,28 +247,48 @@ class RewindEngine:
         return await self._finish(worker, record)
 
     async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
-        """Applies a recorded intent: files, then the conversation cut. Also used after a crash."""
+        """Applies a recorded intent: files, then the conversation cut. Also used after a crash.
+
+        Until the files are restored nothing has changed, so any failure drops the intent (a
+        retry plans afresh). Once they are, the ledger says so, and the intent is finished,
+        here or by the recovery at the next start.
+        """
         plan = record.plan
         outcome = RewindOutcome.from_json(plan["outcome"])
         files = outcome.files
-        if plan["files"]:
-            answer = await worker.rewind_files(plan["target"], dry_run=False)
-            if not answer.can_rewind:
+        if plan["files"] and not record.files_applied:
+            try:
+                answer = await worker.rewind_files(plan["target"], dry_run=False)
+                if not answer.can_rewind:
+                    raise FileCheckpointUnavailable(
+                        plan["target"], answer.error or "the CLI cannot rewind files"
+                    )
+            except BaseException:
                 self._ledger.abandon_rewind(record.rewind_id)
-                raise FileCheckpointUnavailable(plan["target"], answer.error or "the CLI cannot rewind files")
+                raise
+            self._ledger.mark_files_applied(record.rewind_id)
             files = FilesHalf(
                 True, True, files.files_changed, files.insertions, files.deletions, answer.skipped_links
             )
         anchor = Anchor(**plan["anchor"]) if plan["anchor"] else None
         conversation = outcome.conversation
-        last = (await worker.view()).last_message_id  # also catches up, after a restart
+        view = await worker.view()  # also catches up with the transcript, after a restart
+        last = view.last_message_id
         if anchor is not None:
+            if not (view.contains(anchor.anchor_uuid) and view.contains(anchor.target_message_id)):
+                # The conversation moved on since the intent was recorded: cutting now would
+                # drop turns nobody asked to drop.
+                self._ledger.abandon_rewind(record.rewind_id)
+                log.error(
+                    "dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id
+                )
+                raise AgentRewindError("the rewind could not be finished; the conversation has changed since")
             conversation = ConversationHalf(True, True, True, conversation.messages_dropped)
             last = worker.view_at(anchor.anchor_uuid).last_message_id
         final = RewindOutcome(record.rewind_id, files, conversation, last)
         self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor)
         if anchor is not None:
-            # The live process remembers the dropped turns; the next use resumes at the anchor.
+            # The live process remembers the dropped turns; a new one resumes at the anchor.
             worker.invalidate_client()
         log.info(
             "rewind applied",

@@ -378,9 +378,11 @@ class SdkAgentClient:
             raise AgentError("the Claude Code process is not running")
         try:
             answer = await query._send_control_request(request, timeout=30.0)  # INTERNAL
-        except Exception as err:  # the CLI answers refusals as control errors on some versions
+        except Exception as err:
             text = str(err)
-            if "checkpoint" in text.lower() or "rewind" in text.lower():
+            # Some CLI versions answer a refusal as a control error naming the checkpoint; a
+            # timeout or anything else is the process failing, which is retryable.
+            if "checkpoint" in text.lower() and "timeout" not in text.lower():
                 return FilesAnswer(can_rewind=False, error=text)
             raise AgentError(f"rewind_files failed: {err}") from err
         return FilesAnswer(

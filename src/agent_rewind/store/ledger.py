@@ -51,6 +51,8 @@ CREATE TABLE IF NOT EXISTS rewinds (
     message_id TEXT NOT NULL,
     mode TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('pending', 'applied')),
+    -- Set once the CLI restored the files: from then on the intent must be finished, not dropped.
+    files_applied INTEGER NOT NULL DEFAULT 0,
     plan_json TEXT NOT NULL,
     result_json TEXT,
     principal TEXT NOT NULL DEFAULT '',
@@ -104,6 +106,7 @@ class RewindRecord:
     message_id: str
     mode: str
     state: str
+    files_applied: bool
     plan: dict[str, Any]
     result: dict[str, Any] | None
     principal: str
@@ -240,6 +243,7 @@ class Ledger:
             message_id=row["message_id"],
             mode=row["mode"],
             state=row["state"],
+            files_applied=bool(row["files_applied"]),
             plan=json.loads(row["plan_json"]),
             result=json.loads(row["result_json"]) if row["result_json"] else None,
             principal=row["principal"],
@@ -335,6 +339,9 @@ class Ledger:
         )
         self._write(statements)
 
+    def mark_files_applied(self, rewind_id: str) -> None:
+        self._write([("UPDATE rewinds SET files_applied = 1 WHERE rewind_id = ?", (rewind_id,))])
+
     def abandon_rewind(self, rewind_id: str) -> None:
-        """Drops an intent whose files half was refused before anything changed."""
+        """Drops an intent of which nothing was applied (or that can no longer be finished)."""
         self._write([("DELETE FROM rewinds WHERE rewind_id = ? AND state = 'pending'", (rewind_id,))])
