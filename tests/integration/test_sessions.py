@@ -165,10 +165,30 @@ async def test_malformed_fields_are_invalid_argument_naming_the_field(tmp_path: 
             await c.create(options=options)
         assert bad_request(err.value).field_violations[0].field == "options.cwd"
 
+        for bad, field in (
+            ({"allowed_tools": 5}, "options.allowed_tools"),
+            ({"budget": float("inf")}, "options"),
+        ):
+            options = struct_pb2.Struct()
+            options.update(bad)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.create(options=options)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+            assert bad_request(err.value).field_violations[0].field == field
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.create(cwd="bad\x00name")
+        assert bad_request(err.value).field_violations[0].field == "cwd"
+
         sid = (await c.create()).session_id
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.prompt(sid, "   ")
         assert bad_request(err.value).field_violations[0].field == "text"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.prompt_events(sid, "say hi", "not-a-uuid")
+        assert bad_request(err.value).field_violations[0].field == "request_id"
+        assert (await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())).sessions, (
+            "still serving"
+        )
 
 
 async def test_cwd_outside_the_workspace_roots_is_refused(tmp_path: Path) -> None:

@@ -44,8 +44,11 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
-def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(value)
+def struct_to_dict(value: struct_pb2.Struct, field: str = "options") -> dict[str, Any]:
+    try:
+        return json_format.MessageToDict(value)
+    except ValueError as err:  # NaN or infinite numbers have no JSON form
+        raise InvalidArgument(field, str(err)) from None
 
 
 def _struct(value: dict[str, Any]) -> struct_pb2.Struct:

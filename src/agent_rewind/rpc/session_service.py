@@ -32,14 +32,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             checkpointing=checkpointing,
             request_id=request.request_id,
         )
-        # Start the CLI now so a session that cannot run fails here, not at its first prompt.
-        try:
-            async with worker.exclusive():
-                await worker.ensure_client()
-        except Exception:
-            if not worker.record.started:
-                self._registry.forget(worker.session_id)
-            raise
+        await self._registry.start(worker)
         return await _session(worker)
 
     @unary

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
 
 import claude_agent_sdk
 from claude_agent_sdk import (
@@ -26,6 +26,7 @@ from claude_agent_sdk import (
     ClaudeAgentOptions,
     ClaudeSDKClient,
     ClaudeSDKError,
+    PermissionMode,
     PermissionResultAllow,
     PermissionResultDeny,
     ResultMessage,
@@ -68,6 +69,8 @@ SERVICE_CONTROLLED = frozenset(
         "session_store",
         "session_store_flush",
         "transport",
+        # Exclusive with the can_use_tool policy the service installs.
+        "permission_prompt_tool_name",
     }
 )
 # Tools named in allowed_tools bypassing can_use_tool is exactly the policy we want.
@@ -93,17 +96,41 @@ def cli_version() -> str:
     return str(__cli_version__)
 
 
+# The shapes a JSON value must have for the options most used; the SDK's dataclass checks none.
+_STRING_LIST_OPTIONS = frozenset(
+    {"allowed_tools", "disallowed_tools", "add_dirs", "betas", "setting_sources"}
+)
+_STRING_OPTIONS = frozenset({"model", "fallback_model", "user", "settings"})
+_NUMBER_OPTIONS = frozenset({"max_budget_usd"})
+_PERMISSION_MODES = frozenset(get_args(PermissionMode))
+
+
 def validate_options(options: Mapping[str, Any]) -> None:
-    """Refuses option names the SDK does not know or the service controls."""
-    for key in options:
+    """Refuses option names the SDK does not know or the service controls, and ill-shaped values."""
+    for key, value in options.items():
+        field = f"options.{key}"
         if key in SERVICE_CONTROLLED:
-            raise InvalidArgument(f"options.{key}", "is set by the service and cannot be given")
+            raise InvalidArgument(field, "is set by the service and cannot be given")
         if key not in _OPTION_FIELDS:
-            raise InvalidArgument(f"options.{key}", "is not a ClaudeAgentOptions field of this SDK")
-    for key in _INT_OPTIONS & options.keys():
-        value = options[key]
-        if value is not None and (not isinstance(value, int | float) or int(value) != value):
-            raise InvalidArgument(f"options.{key}", "must be an integer")
+            raise InvalidArgument(field, "is not a ClaudeAgentOptions field of this SDK")
+        if value is None:
+            continue
+        if key in _INT_OPTIONS and (not isinstance(value, int | float) or int(value) != value):
+            raise InvalidArgument(field, "must be an integer")
+        if key in _STRING_LIST_OPTIONS and (
+            not isinstance(value, list) or not all(isinstance(v, str) for v in value)
+        ):
+            raise InvalidArgument(field, "must be a list of strings")
+        if key in _STRING_OPTIONS and not isinstance(value, str):
+            raise InvalidArgument(field, "must be a string")
+        if key in _NUMBER_OPTIONS and not isinstance(value, int | float):
+            raise InvalidArgument(field, "must be a number")
+        if key == "permission_mode" and value not in _PERMISSION_MODES:
+            raise InvalidArgument(field, f"must be one of {sorted(_PERMISSION_MODES)}")
+        if key == "system_prompt" and not isinstance(value, str | dict):
+            raise InvalidArgument(field, "must be a string or a preset object")
+        if key in ("mcp_servers", "agents", "sandbox", "thinking") and not isinstance(value, dict):
+            raise InvalidArgument(field, "must be an object")
 
 
 @dataclass(frozen=True)

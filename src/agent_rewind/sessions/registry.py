@@ -12,6 +12,7 @@ import structlog
 
 from agent_rewind.config import Config
 from agent_rewind.errors import (
+    AgentUnavailable,
     InvalidArgument,
     RequestIdReused,
     SessionAlreadyExists,
@@ -71,6 +72,8 @@ class SessionRegistry:
     def resolve_workspace(self, cwd: str, session_id: str) -> Path:
         """The absolute workspace for `cwd`, refused when it resolves outside every root."""
         roots = self._config.workspace_roots
+        if "\x00" in cwd:
+            raise InvalidArgument("cwd", "must not contain NUL characters")
         if not cwd:
             path = self._config.default_workspace_root / session_id
         else:
@@ -119,6 +122,24 @@ class SessionRegistry:
             self._workers[sid] = worker
         log.info("session created", session_id=sid, cwd=str(workspace), checkpointing=checkpointing)
         return worker
+
+    async def start(self, worker: SessionWorker) -> None:
+        """Starts a new session's CLI now, so a session that cannot run fails at creation.
+
+        A creation whose CLI cannot start is forgotten; a retry of it (same request_id) that
+        waited meanwhile fails too instead of starting a process for a forgotten session.
+        """
+        if worker.turn_running:
+            return  # a retried creation of a session already in use
+        try:
+            async with worker.exclusive():
+                if self._workers.get(worker.session_id) is not worker:
+                    raise AgentUnavailable(worker.session_id, "its creation failed; create it again")
+                await worker.ensure_client()
+        except Exception:
+            if not worker.record.started and self._workers.get(worker.session_id) is worker:
+                self.forget(worker.session_id)
+            raise
 
     def forget(self, session_id: str) -> None:
         """Removes a session whose creation failed before it was usable."""

@@ -358,3 +358,37 @@ def test_result_message_without_cost_or_text() -> None:
 
 def test_system_messages_carry_no_events() -> None:
     assert to_events(SystemMessage(subtype="init", data={}), prompt_seen=False) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"allowed_tools": 5}, "options.allowed_tools"),
+        ({"allowed_tools": "Bash"}, "options.allowed_tools"),
+        ({"disallowed_tools": ["Bash", 3]}, "options.disallowed_tools"),
+        ({"model": 7}, "options.model"),
+        ({"permission_mode": "yolo"}, "options.permission_mode"),
+        ({"system_prompt": 12}, "options.system_prompt"),
+        ({"mcp_servers": ["x"]}, "options.mcp_servers"),
+        ({"max_budget_usd": "lots"}, "options.max_budget_usd"),
+        ({"permission_prompt_tool_name": "stdio"}, "options.permission_prompt_tool_name"),
+    ],
+)
+def test_ill_shaped_option_values_are_refused_naming_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        validate_options(options)
+    assert caught.value.field == field
+
+
+def test_well_shaped_option_values_pass() -> None:
+    validate_options(
+        {
+            "allowed_tools": ["Bash", "WebFetch"],
+            "model": "claude-sonnet-4-5",
+            "permission_mode": "acceptEdits",
+            "system_prompt": {"type": "preset", "preset": "claude_code"},
+            "mcp_servers": {},
+            "max_budget_usd": 2.5,
+            "max_turns": 5.0,
+        }
+    )
