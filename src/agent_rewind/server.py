@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -103,6 +102,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     backend = choose_backend(config)
     model = ScriptedModel().start() if backend == "offline" else None
     log.info("model backend", backend=backend, scripted_model=model.base_url if model else None)
+    if backend == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
+        log.warning("--model anthropic without ANTHROPIC_API_KEY: turns will fail to authenticate")
     ledger = Ledger(config.ledger_path)
     factory = client_factory or (lambda spec: SdkAgentClient(spec, connect_timeout=config.connect_timeout))
     registry = SessionRegistry(config, ledger, factory, cli_environment(config, model))
@@ -149,6 +150,4 @@ def run(config: Config) -> int:
     except OSError as err:
         log.error("cannot start", error=str(err))
         return 1
-    with contextlib.suppress(Exception):
-        pass
     return 0
