@@ -102,7 +102,9 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     backend = choose_backend(config)
     model = ScriptedModel().start() if backend == "offline" else None
     log.info("model backend", backend=backend, scripted_model=model.base_url if model else None)
-    if backend == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
+    if backend == "anthropic" and not (
+        os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+    ):
         log.warning("--model anthropic without ANTHROPIC_API_KEY: turns will fail to authenticate")
     ledger = Ledger(config.ledger_path)
     factory = client_factory or (lambda spec: SdkAgentClient(spec, connect_timeout=config.connect_timeout))
