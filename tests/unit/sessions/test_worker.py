@@ -202,6 +202,17 @@ async def sent(turn_or_awaitable: Awaitable[Turn]) -> Turn:
     return turn
 
 
+def slow_start(start_gate: asyncio.Event, turn_gate: asyncio.Event | None = None) -> FakeFactory:
+    """Clients whose start waits on `start_gate` (the CLI is still starting) and, if given,
+    whose turn waits on `turn_gate` after its prompt."""
+
+    def setup(client: FakeClient) -> None:
+        client.start_gate = start_gate
+        client.turn_gate = turn_gate
+
+    return FakeFactory(setup)
+
+
 def gated(gate: asyncio.Event) -> Callable[[FakeClient], None]:
     def setup(client: FakeClient) -> None:
         client.turn_gate = gate
@@ -252,22 +263,13 @@ async def test_exclusive_refuses_at_once_while_a_turn_runs(make_worker: MakeWork
 async def test_exclusive_refuses_at_once_while_a_prompt_is_still_starting_its_client(
     make_worker: MakeWorker,
 ) -> None:
-    """A prompt that is starting the CLI already owns the session: a rewind must not queue behind it.
-
-    start_turn takes the lock before it starts the client and sends the prompt, and only then
-    records the turn; exclusive() looks for a recorded turn, so in that window it waits for the
-    lock, and so behind the whole turn, instead of refusing with TURN_IN_FLIGHT.
-    """
+    """A prompt whose CLI is still starting already owns the session: a rewind is refused with
+    TURN_IN_FLIGHT at once instead of queueing behind the whole turn."""
     start_gate = asyncio.Event()
     turn_gate = asyncio.Event()
-
-    def setup(client: FakeClient) -> None:
-        client.start_gate = start_gate
-        client.turn_gate = turn_gate
-
-    worker, _ = make_worker(factory=FakeFactory(setup))
+    worker, _ = make_worker(factory=slow_start(start_gate, turn_gate))
     prompt = asyncio.create_task(worker.start_turn("hello"))
-    await asyncio.sleep(0.05)  # the turn now holds the lock, waiting for the CLI to start
+    await asyncio.sleep(0.05)  # the turn holds the lock, waiting for the CLI to start
     assert not (await prompt).sent
 
     refused_at_once = False
@@ -291,15 +293,10 @@ async def test_exclusive_refuses_at_once_while_a_prompt_is_still_starting_its_cl
 async def test_second_start_turn_while_the_first_is_still_starting_its_client_raises_turn_in_flight(
     make_worker: MakeWorker,
 ) -> None:
-    """Same window as above, seen from a second Prompt: it waits behind the whole first turn."""
+    """Same window as above, seen from a second Prompt: it is refused, not run after the first."""
     start_gate = asyncio.Event()
     turn_gate = asyncio.Event()
-
-    def setup(client: FakeClient) -> None:
-        client.start_gate = start_gate
-        client.turn_gate = turn_gate
-
-    worker, factory = make_worker(factory=FakeFactory(setup))
+    worker, factory = make_worker(factory=slow_start(start_gate, turn_gate))
     first = asyncio.create_task(worker.start_turn("first"))
     await asyncio.sleep(0.05)
     second = asyncio.create_task(worker.start_turn("second"))
@@ -586,11 +583,7 @@ async def test_a_client_that_finishes_starting_after_shutdown_began_is_closed(
     make_worker: MakeWorker,
 ) -> None:
     start_gate = asyncio.Event()
-
-    def setup(client: FakeClient) -> None:
-        client.start_gate = start_gate
-
-    worker, factory = make_worker(factory=FakeFactory(setup))
+    worker, factory = make_worker(factory=slow_start(start_gate))
 
     async def use() -> None:
         async with worker.exclusive():
@@ -794,12 +787,7 @@ async def test_interrupt_while_the_prompt_is_still_starting_its_client_stops_the
 ) -> None:
     start_gate = asyncio.Event()
     turn_gate = asyncio.Event()
-
-    def setup(client: FakeClient) -> None:
-        client.start_gate = start_gate
-        client.turn_gate = turn_gate
-
-    worker, factory = make_worker(factory=FakeFactory(setup))
+    worker, factory = make_worker(factory=slow_start(start_gate, turn_gate))
     prompt = asyncio.create_task(worker.start_turn("hello"))
     await asyncio.sleep(0.05)
     assert worker.state == State.RUNNING and not (await prompt).sent
@@ -814,11 +802,7 @@ async def test_interrupt_while_the_prompt_is_still_starting_its_client_stops_the
 
 async def test_a_listener_gone_while_the_cli_starts_does_not_lose_the_prompt(make_worker: MakeWorker) -> None:
     start_gate = asyncio.Event()
-
-    def setup(client: FakeClient) -> None:
-        client.start_gate = start_gate
-
-    worker, factory = make_worker(factory=FakeFactory(setup))
+    worker, factory = make_worker(factory=slow_start(start_gate))
     turn = await within(worker.start_turn("keep me"))
 
     async def listen() -> None:
