@@ -3,7 +3,9 @@
 buf comes from npm (@bufbuild/buf, pinned below) and is installed into ./.tools the first
 time, or again when the pinned version changes; nothing else is needed than Node.js and npm.
 The rules and every exception, each with its reason, are in buf.yaml at the repo root.
-Checks: `buf lint` (the STANDARD rules) and `buf format` (no diff allowed).
+Checks: `buf lint` (the STANDARD rules), `buf format` (no diff allowed), and `buf breaking`
+against the protos as the last round shipped them (BASELINE below), so what has shipped stays
+compatible (the FILE rules; buf.yaml lists the one exemption and why).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 
 BUF_VERSION = "1.75.0"
+# The commit whose protos the last round shipped: the contract clients were built against.
+BASELINE = "c36249822abe6223079c0949ebe73657b4ee248a"
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".tools"
 BUF = TOOLS / "node_modules" / ".bin" / "buf"
@@ -69,9 +73,18 @@ def main() -> int:
             "lint_protos: buf format failed; `.tools/node_modules/.bin/buf format -w` fixes it",
             file=sys.stderr,
         )
-    if lint or fmt:
+    breaking = 0
+    if (ROOT / ".git").exists():
+        breaking = subprocess.run(
+            [buf, "breaking", "--against", f".git#ref={BASELINE}"], cwd=ROOT, check=False
+        ).returncode
+        if breaking != 0:
+            print(f"lint_protos: buf breaking against {BASELINE[:12]} failed", file=sys.stderr)
+    else:
+        print("lint_protos: no .git here; buf breaking skipped", file=sys.stderr)
+    if lint or fmt or breaking:
         return 1
-    print(f"lint_protos: buf {BUF_VERSION} lint and format: ok")
+    print(f"lint_protos: buf {BUF_VERSION} lint, format and breaking: ok")
     return 0
 
 

@@ -168,3 +168,121 @@ class NotServed(AgentRewindError):
         super().__init__(
             f"{rpc} is not served by this deployment; see GetCapabilities", metadata={"rpc": rpc}
         )
+
+
+class OptionNotAllowed(InvalidArgument):
+    """A CreateSession option the service does not let callers set (it could leave the workspace)."""
+
+    reason = "OPTION_NOT_ALLOWED"
+
+
+class WorkspaceInUse(AgentRewindError):
+    reason = "WORKSPACE_IN_USE"
+
+    def __init__(self, cwd: str, why: str) -> None:
+        super().__init__(f"cwd {cwd!r} {why}", metadata={"cwd": cwd})
+
+
+class LiveSessionsExhausted(AgentRewindError):
+    """Every live-process slot holds a running turn. Retryable."""
+
+    reason = "LIVE_SESSIONS_EXHAUSTED"
+
+    def __init__(self, max_live: int) -> None:
+        super().__init__(
+            f"all {max_live} live Claude Code processes are running turns; retry when one ends",
+            metadata={"max_live_sessions": str(max_live)},
+        )
+
+
+class ExternalChanges(AgentRewindError):
+    reason = "EXTERNAL_CHANGES"
+
+    def __init__(self, paths: list[str]) -> None:
+        shown = ", ".join(paths[:5]) + (", ..." if len(paths) > 5 else "")
+        super().__init__(
+            f"{len(paths)} path(s) the rewind would restore were also changed outside the agent "
+            f"({shown}); a DryRun lists them; pass conflict_policy SKIP or OVERWRITE to go on",
+            metadata={"paths": str(len(paths))},
+        )
+
+
+class UndoUnavailable(AgentRewindError):
+    reason = "UNDO_UNAVAILABLE"
+
+    def __init__(self, rewind_id: str, why: str) -> None:
+        super().__init__(f"rewind {rewind_id!r} cannot be undone: {why}", metadata={"rewind_id": rewind_id})
+
+
+class SnapshotUnavailable(AgentRewindError):
+    reason = "SNAPSHOT_UNAVAILABLE"
+
+    def __init__(self, message_id: str, state: str, detail: str = "") -> None:
+        super().__init__(
+            f"the point {message_id!r} has no complete workspace snapshot ({state})"
+            + (f": {detail}" if detail else ""),
+            metadata={"message_id": message_id, "snapshot_state": state},
+        )
+
+
+class ReplicaUnavailable(AgentRewindError):
+    """The replica that owns the session is down. Retryable."""
+
+    reason = "REPLICA_UNAVAILABLE"
+
+    def __init__(self, replica: str, detail: str = "") -> None:
+        super().__init__(
+            f"replica {replica!r}, which owns the session, is unavailable"
+            + (f": {detail}" if detail else ""),
+            metadata={"replica": replica},
+        )
+
+
+class QuotaExceeded(AgentRewindError):
+    """A per-principal limit. Retryable once the principal uses less."""
+
+    reason = "QUOTA_EXCEEDED"
+
+    def __init__(self, limit: str, maximum: int) -> None:
+        super().__init__(
+            f"the limit {limit!r} of {maximum} for this principal is reached",
+            metadata={"limit": limit, "max": str(maximum)},
+        )
+
+
+class PermissionDenied(AgentRewindError):
+    reason = "PERMISSION_DENIED"
+
+    def __init__(self, permission: str) -> None:
+        super().__init__(
+            f"this call needs the permission {permission!r}, which the caller lacks",
+            metadata={"permission": permission},
+        )
+
+
+class Unauthenticated(AgentRewindError):
+    reason = "UNAUTHENTICATED"
+
+    def __init__(self, detail: str = "missing or bad credentials") -> None:
+        super().__init__(detail)
+
+
+class CursorExpired(AgentRewindError):
+    reason = "CURSOR_EXPIRED"
+
+    def __init__(self, after: int, oldest: int) -> None:
+        super().__init__(
+            f"after_cursor {after} is older than the oldest retained event ({oldest}); "
+            "resync from ListRewindPoints and watch from there",
+            metadata={"oldest_cursor": str(oldest)},
+        )
+
+
+class SubscriberTooSlow(AgentRewindError):
+    reason = "SUBSCRIBER_TOO_SLOW"
+
+    def __init__(self, last_cursor: int) -> None:
+        super().__init__(
+            f"the watcher fell too far behind; watch again with after_cursor={last_cursor}",
+            metadata={"last_cursor": str(last_cursor)},
+        )

@@ -34,11 +34,19 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "AGENT_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "CURSOR_EXPIRED": grpc.StatusCode.OUT_OF_RANGE,
     "SUBSCRIBER_TOO_SLOW": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    # Not in API.md's table; these are needed and documented in docs/errors.md.
     "SESSION_ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
     "UNIMPLEMENTED": grpc.StatusCode.UNIMPLEMENTED,
+    "OPTION_NOT_ALLOWED": grpc.StatusCode.INVALID_ARGUMENT,
+    "WORKSPACE_IN_USE": grpc.StatusCode.INVALID_ARGUMENT,
+    "LIVE_SESSIONS_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "EXTERNAL_CHANGES": grpc.StatusCode.FAILED_PRECONDITION,
+    "UNDO_UNAVAILABLE": grpc.StatusCode.FAILED_PRECONDITION,
+    "SNAPSHOT_UNAVAILABLE": grpc.StatusCode.FAILED_PRECONDITION,
+    "REPLICA_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "INTERNAL": grpc.StatusCode.INTERNAL,
+    # Not in API.md's table: per-principal limits (docs/errors.md).
+    "QUOTA_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -81,7 +81,13 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
 
     async def WatchRewindEvents(  # noqa: N802
         self, request: rewind_service_pb2.WatchRewindEventsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rewind_pb2.RewindEvent]:
+    ) -> AsyncIterator[rewind_service_pb2.WatchRewindEventsResponse]:
         # Events are not served yet: GetCapabilities says events=false.
         await abort(context, NotServed("WatchRewindEvents"))
-        yield rewind_pb2.RewindEvent()  # pragma: no cover - makes this an async generator
+        yield rewind_service_pb2.WatchRewindEventsResponse()  # pragma: no cover - an async generator
+
+    @unary
+    async def UndoRewind(  # noqa: N802
+        self, request: rewind_service_pb2.UndoRewindRequest, context: grpc.aio.ServicerContext
+    ) -> rewind_pb2.RewindResult:
+        raise NotServed("UndoRewind")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf import empty_pb2
 
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument
+from agent_rewind.errors import InvalidArgument, NotServed
 from agent_rewind.rpc import convert
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.sessions.registry import SessionRegistry, parse_uuid
@@ -80,6 +81,18 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         worker.check_no_turn()
         await worker.close()
         return await _session(worker)
+
+    @unary
+    async def ForkSession(  # noqa: N802
+        self, request: session_service_pb2.ForkSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.Session:
+        raise NotServed("ForkSession")
+
+    @unary
+    async def DeleteSession(  # noqa: N802
+        self, request: session_service_pb2.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> empty_pb2.Empty:
+        raise NotServed("DeleteSession")
 
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:

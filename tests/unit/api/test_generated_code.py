@@ -9,17 +9,16 @@ from types import ModuleType
 
 import pytest
 from google.protobuf import descriptor_pool
-from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor, ServiceDescriptor
 
 # Imported for their side effect: they register every agent_rewind.v1 descriptor.
 from agent_rewind.api.v1 import error_reason_pb2, rewind_service_pb2, session_service_pb2
 from agent_rewind.rpc.errors import STATUS_BY_REASON
+from tests import contract
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "src" / "agent_rewind" / "api" / "v1"
 PACKAGE = "agent_rewind.v1"
-# The design docs sit beside the clone (CI checks out ../shared too).
-API_MD = ROOT.parent / "shared" / "design" / "API.md"
 
 
 def _gen_protos() -> ModuleType:
@@ -49,24 +48,15 @@ def test_committed_generated_code_is_up_to_date_with_protos(tmp_path: Path) -> N
 
 # --- The names API.md fixes --------------------------------------------------------------------
 
-# service -> rpc -> (request, response, response is a stream)
-API_RPCS: dict[str, dict[str, tuple[str, str, bool]]] = {
-    "SessionService": {
-        "CreateSession": ("CreateSessionRequest", "Session", False),
-        "GetSession": ("GetSessionRequest", "Session", False),
-        "ListSessions": ("ListSessionsRequest", "ListSessionsResponse", False),
-        "Prompt": ("PromptRequest", "TurnEvent", True),
-        "Interrupt": ("InterruptRequest", "Session", False),
-        "CloseSession": ("CloseSessionRequest", "Session", False),
-    },
-    "RewindService": {
-        "GetCapabilities": ("GetCapabilitiesRequest", "Capabilities", False),
-        "ListRewindPoints": ("ListRewindPointsRequest", "ListRewindPointsResponse", False),
-        "DryRun": ("RewindRequest", "RewindResult", False),
-        "Rewind": ("RewindRequest", "RewindResult", False),
-        "WatchRewindEvents": ("WatchRewindEventsRequest", "RewindEvent", True),
-    },
-}
+# The services API.md defines; every RPC signature it writes lives on one of them.
+SERVICES = ("SessionService", "RewindService")
+# Types the contract names without their package.
+_WELL_KNOWN = {"Empty": "google.protobuf.Empty"}
+
+
+def _full(name: str) -> str:
+    return _WELL_KNOWN.get(name, f"{PACKAGE}.{name}")
+
 
 # message -> field -> its kind as _kind() renders it, or None where API.md fixes only the name.
 # A message named with a dot is reached through a field: "RewindResult.files" is the message
@@ -146,6 +136,66 @@ API_FIELDS: dict[str, dict[str, str | None]] = {
         "occur_time": "google.protobuf.Timestamp",
     },
     "WatchRewindEventsRequest": {"session_id": "string", "after_cursor": "optional uint64"},
+    # Round 2 additions.
+    "WatchRewindEventsResponse": {"event": "agent_rewind.v1.RewindEvent", "caught_up": None},
+    "WatchRewindEventsResponse.caught_up": {"cursor": "uint64"},
+    "CloseSessionRequest": {"session_id": "string", "force": "bool"},
+    "RewindResult.files.conflicts": {"path": "string"},
+    "RewindResult.files.diffs": {
+        "path": "string",
+        "change": None,
+        "unified_diff": "string",
+        "binary": "bool",
+    },
+    "UndoRewindRequest": {
+        "session_id": "string",
+        "rewind_id": "string",
+        "request_id": "string",
+        "conflict_policy": "agent_rewind.v1.ConflictPolicy",
+        "validate_only": "bool",
+    },
+    "PromptRewind": {
+        "message_id": "string",
+        "mode": "agent_rewind.v1.RewindMode",
+        "expected_last_message_id": "optional string",
+        "conflict_policy": "agent_rewind.v1.ConflictPolicy",
+    },
+    "ForkSessionRequest": {
+        "session_id": "string",
+        "message_id": "string",
+        "new_session_id": "string",
+        "cwd": "string",
+        "request_id": "string",
+    },
+    "DeleteSessionRequest": {"session_id": "string", "request_id": "string", "delete_workspace": "bool"},
+}
+# Fields of the round 1 messages that Round 2 adds.
+for _message_name, _fields in {
+    "CreateSessionRequest": {"workspace_snapshots": "optional bool"},
+    "PromptRequest": {"rewind": "agent_rewind.v1.PromptRewind"},
+    "Session": {"principal": "string", "replica": "string"},
+    "RewindRequest": {"conflict_policy": "agent_rewind.v1.ConflictPolicy", "include_diff": "bool"},
+    "RewindResult.files": {
+        "source": "agent_rewind.v1.FilesSource",
+        "conflicts": "repeated agent_rewind.v1.FileConflict",
+        "diffs": "repeated agent_rewind.v1.FileDiff",
+    },
+    "RewindPoint": {"snapshot_available": "bool"},
+    "RewindEvent": {"kind": "agent_rewind.v1.RewindEventKind"},
+    "Capabilities": {"replicas": None},
+}.items():
+    API_FIELDS[_message_name] = {**API_FIELDS[_message_name], **_fields}
+
+# enum -> the values API.md fixes (each enum also has its _UNSPECIFIED zero value).
+API_ENUMS: dict[str, set[str]] = {
+    "RewindMode": {"REWIND_MODE_FILES", "REWIND_MODE_CONVERSATION", "REWIND_MODE_BOTH"},
+    "RewindEventKind": {
+        "REWIND_EVENT_KIND_REWOUND",
+        "REWIND_EVENT_KIND_UNDONE",
+        "REWIND_EVENT_KIND_SESSION_DELETED",
+    },
+    "FilesSource": {"FILES_SOURCE_CHECKPOINT", "FILES_SOURCE_SNAPSHOT"},
+    "ConflictPolicy": {"CONFLICT_POLICY_REFUSE", "CONFLICT_POLICY_SKIP", "CONFLICT_POLICY_OVERWRITE"},
 }
 
 _SCALARS = {
@@ -197,29 +247,37 @@ def test_services_live_in_the_package_named_by_their_directory() -> None:
         assert module.DESCRIPTOR.name.startswith("agent_rewind/v1/")
     assert set(session_service_pb2.DESCRIPTOR.services_by_name) | set(
         rewind_service_pb2.DESCRIPTOR.services_by_name
-    ) >= set(API_RPCS)
+    ) >= set(SERVICES)
 
 
-@pytest.mark.parametrize("service", sorted(API_RPCS))
-def test_service_has_the_rpcs_api_md_fixes(service: str) -> None:
-    methods = {m.name: m for m in _service(service).methods}
-    for rpc, (request, response, streams) in API_RPCS[service].items():
-        assert rpc in methods, f"{service}.{rpc} is missing"
-        method = methods[rpc]
-        got = (method.input_type.full_name, method.output_type.full_name, method.server_streaming)
-        assert got == (f"{PACKAGE}.{request}", f"{PACKAGE}.{response}", streams), f"{service}.{rpc}"
-        assert not method.client_streaming, f"{service}.{rpc} must not take a client stream"
+def _methods() -> dict[str, MethodDescriptor]:
+    found: dict[str, MethodDescriptor] = {}
+    for service in SERVICES:
+        for method in _service(service).methods:
+            assert method.name not in found, f"{method.name} is on two services"
+            found[method.name] = method
+    return found
 
 
-@pytest.mark.parametrize("service", sorted(API_RPCS))
-def test_rpcs_api_md_does_not_fix_use_their_own_request_and_response(service: str) -> None:
+@pytest.mark.parametrize("rpc", sorted(contract.rpc_signatures()))
+def test_every_rpc_the_contract_writes_has_its_signature(rpc: str) -> None:
+    request, response, streams = contract.rpc_signatures()[rpc]
+    method = _methods().get(rpc)
+    assert method is not None, f"{rpc} is missing from {SERVICES}"
+    got = (method.input_type.full_name, method.output_type.full_name, method.server_streaming)
+    assert got == (_full(request), _full(response), streams), rpc
+    assert not method.client_streaming, f"{rpc} must not take a client stream"
+
+
+def test_rpcs_the_contract_does_not_fix_use_their_own_request_and_response() -> None:
     # buf.yaml exempts the service files from the RPC naming rules for API.md's signatures;
     # this keeps those rules for any RPC added later.
-    for method in _service(service).methods:
-        if method.name in API_RPCS[service]:
+    fixed = contract.rpc_signatures()
+    for name, method in _methods().items():
+        if name in fixed:
             continue
-        assert method.input_type.name == f"{method.name}Request", method.full_name
-        assert method.output_type.name == f"{method.name}Response", method.full_name
+        assert method.input_type.name == f"{name}Request", method.full_name
+        assert method.output_type.name == f"{name}Response", method.full_name
 
 
 @pytest.mark.parametrize("message", sorted(API_FIELDS))
@@ -235,15 +293,12 @@ def test_message_has_the_fields_api_md_fixes(message: str) -> None:
     assert not wrong, f"{message}: fields of the wrong kind {wrong}"
 
 
-def test_rewind_mode_has_exactly_the_api_md_values_with_unspecified_zero() -> None:
-    values = {v.name: v.number for v in _pool().FindEnumTypeByName(f"{PACKAGE}.RewindMode").values}
-    assert values.keys() == {
-        "REWIND_MODE_UNSPECIFIED",
-        "REWIND_MODE_FILES",
-        "REWIND_MODE_CONVERSATION",
-        "REWIND_MODE_BOTH",
-    }
-    assert values["REWIND_MODE_UNSPECIFIED"] == 0
+@pytest.mark.parametrize("enum", sorted(API_ENUMS))
+def test_enum_has_exactly_the_api_md_values_with_unspecified_zero(enum: str) -> None:
+    values = {v.name: v.number for v in _pool().FindEnumTypeByName(f"{PACKAGE}.{enum}").values}
+    unspecified = re.sub(r"(?<!^)(?=[A-Z])", "_", enum).upper() + "_UNSPECIFIED"
+    assert values.keys() == API_ENUMS[enum] | {unspecified}
+    assert values[unspecified] == 0
 
 
 def test_session_state_has_the_api_md_states() -> None:
@@ -264,37 +319,6 @@ def _error_reasons() -> dict[str, int]:
     return {v.name: v.number for v in enum.values}
 
 
-# API.md's Errors table, reason -> status. When the design docs are checked out beside the repo
-# (../shared, as in CI) the table is read from API.md itself, and this copy must match it.
-CONTRACT_ERRORS = {
-    "SESSION_NOT_FOUND": "NOT_FOUND",
-    "MESSAGE_NOT_FOUND": "NOT_FOUND",
-    "NOT_A_REWIND_POINT": "INVALID_ARGUMENT",
-    "INVALID_ARGUMENT": "INVALID_ARGUMENT",
-    "TURN_IN_FLIGHT": "FAILED_PRECONDITION",
-    "NO_CONVERSATION_ANCHOR": "FAILED_PRECONDITION",
-    "FILE_CHECKPOINT_UNAVAILABLE": "FAILED_PRECONDITION",
-    "CHECKPOINTING_DISABLED": "FAILED_PRECONDITION",
-    "REWIND_CONFLICT": "ABORTED",
-    "REQUEST_ID_REUSED": "INVALID_ARGUMENT",
-    "PERMISSION_DENIED": "PERMISSION_DENIED",
-    "UNAUTHENTICATED": "UNAUTHENTICATED",
-    "WORKSPACE_OUTSIDE_ROOT": "INVALID_ARGUMENT",
-    "AGENT_UNAVAILABLE": "UNAVAILABLE",
-    "CURSOR_EXPIRED": "OUT_OF_RANGE",
-    "SUBSCRIBER_TOO_SLOW": "RESOURCE_EXHAUSTED",
-}
-
-
-def _api_md_error_table() -> dict[str, str]:
-    """reason -> status, from the rows of API.md's Errors table (| `STATUS` | `REASON` | when |)."""
-    if not API_MD.is_file():
-        return CONTRACT_ERRORS
-    rows = re.findall(r"^\|\s*`([A-Z_]+)`\s*\|\s*`([A-Z_]+)`\s*\|", API_MD.read_text(), re.MULTILINE)
-    assert rows, f"no error rows (| `STATUS` | `REASON` | when |) found in {API_MD}"
-    return {reason: status for status, reason in rows}
-
-
 def test_error_reason_values_are_exactly_the_reasons_the_service_maps() -> None:
     values = _error_reasons()
     assert values.get("ERROR_REASON_UNSPECIFIED") == 0
@@ -305,9 +329,16 @@ def test_error_reason_values_are_exactly_the_reasons_the_service_maps() -> None:
     )
 
 
-def test_error_reason_has_every_reason_in_api_md_errors_table() -> None:
-    table = _api_md_error_table()
-    assert table == CONTRACT_ERRORS, "API.md's Errors table changed: update CONTRACT_ERRORS and the protos"
+def test_the_repository_copy_of_the_contract_is_the_contract() -> None:
+    if not contract.SHARED.is_file():
+        pytest.skip(f"the design docs are not beside the repo ({contract.SHARED}); nothing to compare")
+    assert contract.VENDORED.read_text() == contract.SHARED.read_text(), (
+        f"{contract.VENDORED.relative_to(ROOT)} differs from {contract.SHARED}: copy the contract again"
+    )
+
+
+def test_error_reason_has_every_reason_in_the_contracts_errors_table() -> None:
+    table = contract.error_table()
     missing = sorted(table.keys() - _error_reasons().keys())
     assert not missing, f"API.md's Errors table has reasons ErrorReason lacks: {missing}"
     wrong = {r: (s, STATUS_BY_REASON[r].name) for r, s in table.items() if STATUS_BY_REASON[r].name != s}

@@ -372,5 +372,14 @@ def test_json_uses_proto_field_names_and_shows_defaults() -> None:
         "service_version": "",
         "sdk_version": "",
         "cli_version": "",
+        "replicas": 0,
+        "model_backend": "",
+        "max_live_sessions": 0,
+        "workspace_snapshots": False,
+        "authentication": False,
+        "undo_rewind": False,
+        "fork_session": False,
+        "delete_session": False,
+        "prompt_rewind": False,
     }
     assert "\n" not in to_json(make_session(), compact=True)

@@ -14,31 +14,15 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from agent_rewind import errors
 from agent_rewind.errors import AgentRewindError, InvalidArgument
 from agent_rewind.rpc.errors import DOMAIN, abort, abort_internal, internal_status, to_status
+from tests import contract
 
-# API.md's Errors table, written out: reason -> status.
+# The contract's Errors table (API.md), read from the contract itself: reason -> status.
 API_TABLE: dict[str, int] = {
-    "SESSION_NOT_FOUND": code_pb2.NOT_FOUND,
-    "MESSAGE_NOT_FOUND": code_pb2.NOT_FOUND,
-    "NOT_A_REWIND_POINT": code_pb2.INVALID_ARGUMENT,
-    "INVALID_ARGUMENT": code_pb2.INVALID_ARGUMENT,
-    "TURN_IN_FLIGHT": code_pb2.FAILED_PRECONDITION,
-    "NO_CONVERSATION_ANCHOR": code_pb2.FAILED_PRECONDITION,
-    "FILE_CHECKPOINT_UNAVAILABLE": code_pb2.FAILED_PRECONDITION,
-    "CHECKPOINTING_DISABLED": code_pb2.FAILED_PRECONDITION,
-    "REWIND_CONFLICT": code_pb2.ABORTED,
-    "REQUEST_ID_REUSED": code_pb2.INVALID_ARGUMENT,
-    "PERMISSION_DENIED": code_pb2.PERMISSION_DENIED,
-    "UNAUTHENTICATED": code_pb2.UNAUTHENTICATED,
-    "WORKSPACE_OUTSIDE_ROOT": code_pb2.INVALID_ARGUMENT,
-    "AGENT_UNAVAILABLE": code_pb2.UNAVAILABLE,
-    "CURSOR_EXPIRED": code_pb2.OUT_OF_RANGE,
-    "SUBSCRIBER_TOO_SLOW": code_pb2.RESOURCE_EXHAUSTED,
+    reason: getattr(code_pb2, status) for reason, status in contract.error_table().items()
 }
-# Reasons the service needs beyond API.md's table (rpc/errors.py says why).
+# Reasons the service needs beyond the contract's table (rpc/errors.py says why).
 EXTRA_TABLE: dict[str, int] = {
-    "SESSION_ALREADY_EXISTS": code_pb2.ALREADY_EXISTS,
-    "SHUTTING_DOWN": code_pb2.UNAVAILABLE,
-    "UNIMPLEMENTED": code_pb2.UNIMPLEMENTED,
+    "QUOTA_EXCEEDED": code_pb2.RESOURCE_EXHAUSTED,
     "INTERNAL": code_pb2.INTERNAL,
 }
 EXPECTED = {**API_TABLE, **EXTRA_TABLE}
@@ -72,6 +56,24 @@ SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict
     errors.ShuttingDown: (lambda: errors.ShuttingDown(), {}),
     errors.SessionAlreadyExists: (lambda: errors.SessionAlreadyExists("s-1"), {"session_id": "s-1"}),
     errors.NotServed: (lambda: errors.NotServed("WatchRewindEvents"), {"rpc": "WatchRewindEvents"}),
+    errors.OptionNotAllowed: (
+        lambda: errors.OptionNotAllowed("options.settings", "is not allowed"),
+        {"field": "options.settings"},
+    ),
+    errors.WorkspaceInUse: (lambda: errors.WorkspaceInUse("/w/a", "is another session's"), {"cwd": "/w/a"}),
+    errors.LiveSessionsExhausted: (lambda: errors.LiveSessionsExhausted(4), {"max_live_sessions": "4"}),
+    errors.ExternalChanges: (lambda: errors.ExternalChanges(["a.txt", "b.txt"]), {"paths": "2"}),
+    errors.UndoUnavailable: (lambda: errors.UndoUnavailable("r-1", "a turn ran"), {"rewind_id": "r-1"}),
+    errors.SnapshotUnavailable: (
+        lambda: errors.SnapshotUnavailable("m-1", "over_size"),
+        {"message_id": "m-1", "snapshot_state": "over_size"},
+    ),
+    errors.ReplicaUnavailable: (lambda: errors.ReplicaUnavailable("r-2"), {"replica": "r-2"}),
+    errors.QuotaExceeded: (lambda: errors.QuotaExceeded("sessions", 10), {"limit": "sessions", "max": "10"}),
+    errors.PermissionDenied: (lambda: errors.PermissionDenied("rewind"), {"permission": "rewind"}),
+    errors.Unauthenticated: (lambda: errors.Unauthenticated(), {}),
+    errors.CursorExpired: (lambda: errors.CursorExpired(3, 10), {"oldest_cursor": "10"}),
+    errors.SubscriberTooSlow: (lambda: errors.SubscriberTooSlow(42), {"last_cursor": "42"}),
 }
 
 
@@ -128,15 +130,14 @@ def test_domain_error_maps_to_its_status_with_error_info(cls: type[AgentRewindEr
 
 
 @pytest.mark.parametrize("reason", sorted(API_TABLE))
-def test_every_api_reason_maps_to_the_api_status(reason: str) -> None:
-    # Reasons without a domain class yet (auth, watch) are pinned through a bare error.
-    err = AgentRewindError(f"{reason.lower()} happened", metadata={"permission": "rewind"})
-    err.reason = reason
-    status = to_status(err)
-    assert status.code == API_TABLE[reason]
-    info, _ = _details(status)
-    assert (info.reason, info.domain) == (reason, DOMAIN)
-    assert dict(info.metadata) == {"permission": "rewind"}
+def test_every_row_of_the_contract_table_has_a_domain_error_with_its_status(reason: str) -> None:
+    classes = [c for c in SAMPLES if c.reason == reason]
+    assert classes, f"no domain error class carries {reason}"
+    for cls in classes:
+        status = to_status(SAMPLES[cls][0]())
+        assert status.code == API_TABLE[reason], cls.__name__
+        info, _ = _details(status)
+        assert (info.reason, info.domain) == (reason, DOMAIN)
 
 
 def test_invalid_argument_carries_a_bad_request_naming_the_field() -> None:

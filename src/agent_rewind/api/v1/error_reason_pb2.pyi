@@ -131,6 +131,45 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNIMPLEMENTED. An RPC of the v1 contract that this deployment does not
     serve (GetCapabilities tells what it does serve).
     """
+    OPTION_NOT_ALLOWED: _ErrorReason.ValueType  # 21
+    """INVALID_ARGUMENT. A CreateSession.options key or value the service does
+    not let callers set (it could reach beyond the workspace). The status also
+    carries a `google.rpc.BadRequest` naming the key.
+    """
+    WORKSPACE_IN_USE: _ErrorReason.ValueType  # 22
+    """INVALID_ARGUMENT. The request's `cwd` equals, contains or lies inside
+    another session's workspace, or is a workspace root itself; metadata
+    `cwd`.
+    """
+    LIVE_SESSIONS_EXHAUSTED: _ErrorReason.ValueType  # 23
+    """RESOURCE_EXHAUSTED. Every live-process slot holds a running turn, so no
+    session can get a Claude Code process now; metadata `max_live_sessions`.
+    Retryable.
+    """
+    EXTERNAL_CHANGES: _ErrorReason.ValueType  # 24
+    """FAILED_PRECONDITION. Files the rewind would restore were also changed
+    outside the agent's turns; restoring them would destroy that edit.
+    Metadata `paths` has their count; a DryRun lists them. Retry with
+    CONFLICT_POLICY_SKIP or CONFLICT_POLICY_OVERWRITE.
+    """
+    UNDO_UNAVAILABLE: _ErrorReason.ValueType  # 25
+    """FAILED_PRECONDITION. UndoRewind of a rewind that is not the session's
+    latest, or after which a turn ran.
+    """
+    SNAPSHOT_UNAVAILABLE: _ErrorReason.ValueType  # 26
+    """FAILED_PRECONDITION. The point has no complete workspace snapshot
+    (snapshots off, or the snapshot timed out, went over a size bound or
+    aged out); metadata `snapshot_state` says which.
+    """
+    REPLICA_UNAVAILABLE: _ErrorReason.ValueType  # 27
+    """UNAVAILABLE. The replica that owns the session is down; metadata
+    `replica` names it. Retryable.
+    """
+    QUOTA_EXCEEDED: _ErrorReason.ValueType  # 28
+    """RESOURCE_EXHAUSTED. A per-principal limit was reached (sessions, or turns
+    running at once); metadata `limit` names it and `max` gives its value.
+    Retryable once the principal uses less.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `google.rpc.ErrorInfo.reason` values of the "agent-rewind.v1" domain."""
@@ -223,5 +262,44 @@ against another replica if there is one.
 UNIMPLEMENTED: ErrorReason.ValueType  # 20
 """UNIMPLEMENTED. An RPC of the v1 contract that this deployment does not
 serve (GetCapabilities tells what it does serve).
+"""
+OPTION_NOT_ALLOWED: ErrorReason.ValueType  # 21
+"""INVALID_ARGUMENT. A CreateSession.options key or value the service does
+not let callers set (it could reach beyond the workspace). The status also
+carries a `google.rpc.BadRequest` naming the key.
+"""
+WORKSPACE_IN_USE: ErrorReason.ValueType  # 22
+"""INVALID_ARGUMENT. The request's `cwd` equals, contains or lies inside
+another session's workspace, or is a workspace root itself; metadata
+`cwd`.
+"""
+LIVE_SESSIONS_EXHAUSTED: ErrorReason.ValueType  # 23
+"""RESOURCE_EXHAUSTED. Every live-process slot holds a running turn, so no
+session can get a Claude Code process now; metadata `max_live_sessions`.
+Retryable.
+"""
+EXTERNAL_CHANGES: ErrorReason.ValueType  # 24
+"""FAILED_PRECONDITION. Files the rewind would restore were also changed
+outside the agent's turns; restoring them would destroy that edit.
+Metadata `paths` has their count; a DryRun lists them. Retry with
+CONFLICT_POLICY_SKIP or CONFLICT_POLICY_OVERWRITE.
+"""
+UNDO_UNAVAILABLE: ErrorReason.ValueType  # 25
+"""FAILED_PRECONDITION. UndoRewind of a rewind that is not the session's
+latest, or after which a turn ran.
+"""
+SNAPSHOT_UNAVAILABLE: ErrorReason.ValueType  # 26
+"""FAILED_PRECONDITION. The point has no complete workspace snapshot
+(snapshots off, or the snapshot timed out, went over a size bound or
+aged out); metadata `snapshot_state` says which.
+"""
+REPLICA_UNAVAILABLE: ErrorReason.ValueType  # 27
+"""UNAVAILABLE. The replica that owns the session is down; metadata
+`replica` names it. Retryable.
+"""
+QUOTA_EXCEEDED: ErrorReason.ValueType  # 28
+"""RESOURCE_EXHAUSTED. A per-principal limit was reached (sessions, or turns
+running at once); metadata `limit` names it and `max` gives its value.
+Retryable once the principal uses less.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gent_rewind/v1/rewind.proto\x12\x0f\x61gent_rewind.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x01\n\x0bRewindPoint\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x1c\n\x14resume_at_message_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x66iles_rewindable\x18\x06 \x01(\x08\"\x95\x01\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x38\n\x08metadata\x18\x03 \x03(\x0b\x32&.agent_rewind.v1.Refusal.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xba\x01\n\x11\x46ilesRewindResult\x12\x12\n\ncan_rewind\x18\x01 \x01(\x08\x12\x15\n\rfiles_changed\x18\x02 \x03(\t\x12\x12\n\ninsertions\x18\x03 \x01(\x05\x12\x11\n\tdeletions\x18\x04 \x01(\x05\x12\x15\n\rskipped_links\x18\x05 \x01(\x05\x12)\n\x07refusal\x18\x06 \x01(\x0b\x32\x18.agent_rewind.v1.Refusal\x12\x11\n\trequested\x18\x07 \x01(\x08\"\x97\x01\n\x18\x43onversationRewindResult\x12\x12\n\ncan_rewind\x18\x01 \x01(\x08\x12\x0f\n\x07rewound\x18\x02 \x01(\x08\x12\x18\n\x10messages_dropped\x18\x03 \x01(\x05\x12)\n\x07refusal\x18\x04 \x01(\x0b\x32\x18.agent_rewind.v1.Refusal\x12\x11\n\trequested\x18\x05 \x01(\x08\"\xae\x01\n\x0cRewindResult\x12\x11\n\trewind_id\x18\x01 \x01(\t\x12\x31\n\x05\x66iles\x18\x02 \x01(\x0b\x32\".agent_rewind.v1.FilesRewindResult\x12?\n\x0c\x63onversation\x18\x03 \x01(\x0b\x32).agent_rewind.v1.ConversationRewindResult\x12\x17\n\x0flast_message_id\x18\x04 \x01(\t\"\xbe\x01\n\x0c\x43\x61pabilities\x12*\n\x05modes\x18\x01 \x03(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12\x1e\n\x16\x66ile_checkpoint_window\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x08\x12\x17\n\x0fservice_version\x18\x05 \x01(\t\x12\x13\n\x0bsdk_version\x18\x06 \x01(\t\x12\x13\n\x0b\x63li_version\x18\x07 \x01(\t\"\x93\x02\n\x0bRewindEvent\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\x04\x12\x11\n\trewind_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12)\n\x04mode\x18\x05 \x01(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12\x31\n\x05\x66iles\x18\x06 \x01(\x0b\x32\".agent_rewind.v1.FilesRewindResult\x12\x18\n\x10messages_dropped\x18\x07 \x01(\x05\x12\x11\n\tprincipal\x18\x08 \x01(\t\x12.\n\noccur_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*t\n\nRewindMode\x12\x1b\n\x17REWIND_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11REWIND_MODE_FILES\x10\x01\x12\x1c\n\x18REWIND_MODE_CONVERSATION\x10\x02\x12\x14\n\x10REWIND_MODE_BOTH\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gent_rewind/v1/rewind.proto\x12\x0f\x61gent_rewind.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n\x0bRewindPoint\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x1c\n\x14resume_at_message_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x66iles_rewindable\x18\x06 \x01(\x08\x12\x1a\n\x12snapshot_available\x18\x07 \x01(\x08\"U\n\x0c\x46ileConflict\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x37\n\nresolution\x18\x02 \x01(\x0e\x32#.agent_rewind.v1.ConflictResolution\"~\n\x08\x46ileDiff\x12\x0c\n\x04path\x18\x01 \x01(\t\x12+\n\x06\x63hange\x18\x02 \x01(\x0e\x32\x1b.agent_rewind.v1.FileChange\x12\x14\n\x0cunified_diff\x18\x03 \x01(\t\x12\x0e\n\x06\x62inary\x18\x04 \x01(\x08\x12\x11\n\ttruncated\x18\x05 \x01(\x08\"\x95\x01\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x38\n\x08metadata\x18\x03 \x03(\x0b\x32&.agent_rewind.v1.Refusal.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdd\x02\n\x11\x46ilesRewindResult\x12\x12\n\ncan_rewind\x18\x01 \x01(\x08\x12\x15\n\rfiles_changed\x18\x02 \x03(\t\x12\x12\n\ninsertions\x18\x03 \x01(\x05\x12\x11\n\tdeletions\x18\x04 \x01(\x05\x12\x15\n\rskipped_links\x18\x05 \x01(\x05\x12)\n\x07refusal\x18\x06 \x01(\x0b\x32\x18.agent_rewind.v1.Refusal\x12\x11\n\trequested\x18\x07 \x01(\x08\x12,\n\x06source\x18\x08 \x01(\x0e\x32\x1c.agent_rewind.v1.FilesSource\x12\x30\n\tconflicts\x18\t \x03(\x0b\x32\x1d.agent_rewind.v1.FileConflict\x12(\n\x05\x64iffs\x18\n \x03(\x0b\x32\x19.agent_rewind.v1.FileDiff\x12\x17\n\x0f\x64iffs_truncated\x18\x0b \x01(\x08\"\x97\x01\n\x18\x43onversationRewindResult\x12\x12\n\ncan_rewind\x18\x01 \x01(\x08\x12\x0f\n\x07rewound\x18\x02 \x01(\x08\x12\x18\n\x10messages_dropped\x18\x03 \x01(\x05\x12)\n\x07refusal\x18\x04 \x01(\x0b\x32\x18.agent_rewind.v1.Refusal\x12\x11\n\trequested\x18\x05 \x01(\x08\"\xae\x01\n\x0cRewindResult\x12\x11\n\trewind_id\x18\x01 \x01(\t\x12\x31\n\x05\x66iles\x18\x02 \x01(\x0b\x32\".agent_rewind.v1.FilesRewindResult\x12?\n\x0c\x63onversation\x18\x03 \x01(\x0b\x32).agent_rewind.v1.ConversationRewindResult\x12\x17\n\x0flast_message_id\x18\x04 \x01(\t\"\x91\x03\n\x0c\x43\x61pabilities\x12*\n\x05modes\x18\x01 \x03(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12\x1e\n\x16\x66ile_checkpoint_window\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x08\x12\x17\n\x0fservice_version\x18\x05 \x01(\t\x12\x13\n\x0bsdk_version\x18\x06 \x01(\t\x12\x13\n\x0b\x63li_version\x18\x07 \x01(\t\x12\x10\n\x08replicas\x18\x08 \x01(\x05\x12\x15\n\rmodel_backend\x18\t \x01(\t\x12\x19\n\x11max_live_sessions\x18\n \x01(\x05\x12\x1b\n\x13workspace_snapshots\x18\x0b \x01(\x08\x12\x16\n\x0e\x61uthentication\x18\x0c \x01(\x08\x12\x13\n\x0bundo_rewind\x18\r \x01(\x08\x12\x14\n\x0c\x66ork_session\x18\x0e \x01(\x08\x12\x16\n\x0e\x64\x65lete_session\x18\x0f \x01(\x08\x12\x15\n\rprompt_rewind\x18\x10 \x01(\x08\"\xfa\x02\n\x0bRewindEvent\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\x04\x12\x11\n\trewind_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12)\n\x04mode\x18\x05 \x01(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12\x31\n\x05\x66iles\x18\x06 \x01(\x0b\x32\".agent_rewind.v1.FilesRewindResult\x12\x18\n\x10messages_dropped\x18\x07 \x01(\x05\x12\x11\n\tprincipal\x18\x08 \x01(\t\x12.\n\noccur_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x04kind\x18\n \x01(\x0e\x32 .agent_rewind.v1.RewindEventKind\x12\x17\n\x0flast_message_id\x18\x0b \x01(\t\x12\x1c\n\x14\x63onversation_changed\x18\x0c \x01(\x08\"\x1a\n\x08\x43\x61ughtUp\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\x04*t\n\nRewindMode\x12\x1b\n\x17REWIND_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11REWIND_MODE_FILES\x10\x01\x12\x1c\n\x18REWIND_MODE_CONVERSATION\x10\x02\x12\x14\n\x10REWIND_MODE_BOTH\x10\x03*c\n\x0b\x46ilesSource\x12\x1c\n\x18\x46ILES_SOURCE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x46ILES_SOURCE_CHECKPOINT\x10\x01\x12\x19\n\x15\x46ILES_SOURCE_SNAPSHOT\x10\x02*\x86\x01\n\x0e\x43onflictPolicy\x12\x1f\n\x1b\x43ONFLICT_POLICY_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43ONFLICT_POLICY_REFUSE\x10\x01\x12\x18\n\x14\x43ONFLICT_POLICY_SKIP\x10\x02\x12\x1d\n\x19\x43ONFLICT_POLICY_OVERWRITE\x10\x03*\xa0\x01\n\x12\x43onflictResolution\x12#\n\x1f\x43ONFLICT_RESOLUTION_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43ONFLICT_RESOLUTION_REFUSED\x10\x01\x12\x1f\n\x1b\x43ONFLICT_RESOLUTION_SKIPPED\x10\x02\x12#\n\x1f\x43ONFLICT_RESOLUTION_OVERWRITTEN\x10\x03*s\n\nFileChange\x12\x1b\n\x17\x46ILE_CHANGE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46ILE_CHANGE_ADDED\x10\x01\x12\x18\n\x14\x46ILE_CHANGE_MODIFIED\x10\x02\x12\x17\n\x13\x46ILE_CHANGE_DELETED\x10\x03*\x98\x01\n\x0fRewindEventKind\x12!\n\x1dREWIND_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19REWIND_EVENT_KIND_REWOUND\x10\x01\x12\x1c\n\x18REWIND_EVENT_KIND_UNDONE\x10\x02\x12%\n!REWIND_EVENT_KIND_SESSION_DELETED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,22 +34,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REFUSAL_METADATAENTRY']._loaded_options = None
   _globals['_REFUSAL_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_REWINDMODE']._serialized_start=1395
-  _globals['_REWINDMODE']._serialized_end=1511
+  _globals['_REWINDMODE']._serialized_start=2143
+  _globals['_REWINDMODE']._serialized_end=2259
+  _globals['_FILESSOURCE']._serialized_start=2261
+  _globals['_FILESSOURCE']._serialized_end=2360
+  _globals['_CONFLICTPOLICY']._serialized_start=2363
+  _globals['_CONFLICTPOLICY']._serialized_end=2497
+  _globals['_CONFLICTRESOLUTION']._serialized_start=2500
+  _globals['_CONFLICTRESOLUTION']._serialized_end=2660
+  _globals['_FILECHANGE']._serialized_start=2662
+  _globals['_FILECHANGE']._serialized_end=2777
+  _globals['_REWINDEVENTKIND']._serialized_start=2780
+  _globals['_REWINDEVENTKIND']._serialized_end=2932
   _globals['_REWINDPOINT']._serialized_start=83
-  _globals['_REWINDPOINT']._serialized_end=250
-  _globals['_REFUSAL']._serialized_start=253
-  _globals['_REFUSAL']._serialized_end=402
-  _globals['_REFUSAL_METADATAENTRY']._serialized_start=355
-  _globals['_REFUSAL_METADATAENTRY']._serialized_end=402
-  _globals['_FILESREWINDRESULT']._serialized_start=405
-  _globals['_FILESREWINDRESULT']._serialized_end=591
-  _globals['_CONVERSATIONREWINDRESULT']._serialized_start=594
-  _globals['_CONVERSATIONREWINDRESULT']._serialized_end=745
-  _globals['_REWINDRESULT']._serialized_start=748
-  _globals['_REWINDRESULT']._serialized_end=922
-  _globals['_CAPABILITIES']._serialized_start=925
-  _globals['_CAPABILITIES']._serialized_end=1115
-  _globals['_REWINDEVENT']._serialized_start=1118
-  _globals['_REWINDEVENT']._serialized_end=1393
+  _globals['_REWINDPOINT']._serialized_end=278
+  _globals['_FILECONFLICT']._serialized_start=280
+  _globals['_FILECONFLICT']._serialized_end=365
+  _globals['_FILEDIFF']._serialized_start=367
+  _globals['_FILEDIFF']._serialized_end=493
+  _globals['_REFUSAL']._serialized_start=496
+  _globals['_REFUSAL']._serialized_end=645
+  _globals['_REFUSAL_METADATAENTRY']._serialized_start=598
+  _globals['_REFUSAL_METADATAENTRY']._serialized_end=645
+  _globals['_FILESREWINDRESULT']._serialized_start=648
+  _globals['_FILESREWINDRESULT']._serialized_end=997
+  _globals['_CONVERSATIONREWINDRESULT']._serialized_start=1000
+  _globals['_CONVERSATIONREWINDRESULT']._serialized_end=1151
+  _globals['_REWINDRESULT']._serialized_start=1154
+  _globals['_REWINDRESULT']._serialized_end=1328
+  _globals['_CAPABILITIES']._serialized_start=1331
+  _globals['_CAPABILITIES']._serialized_end=1732
+  _globals['_REWINDEVENT']._serialized_start=1735
+  _globals['_REWINDEVENT']._serialized_end=2113
+  _globals['_CAUGHTUP']._serialized_start=2115
+  _globals['_CAUGHTUP']._serialized_end=2141
 # @@protoc_insertion_point(module_scope)

@@ -29,8 +29,9 @@ class _RewindModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RewindMode
     REWIND_MODE_UNSPECIFIED: _RewindMode.ValueType  # 0
     """Means REWIND_MODE_FILES."""
     REWIND_MODE_FILES: _RewindMode.ValueType  # 1
-    """Files edited through Write, Edit and NotebookEdit go back to their content
-    at the point; files created since are deleted.
+    """The files the dropped turns changed go back to their content at the point
+    (from a workspace snapshot, or the CLI's checkpoints for Write, Edit and
+    NotebookEdit); files created since are deleted.
     """
     REWIND_MODE_CONVERSATION: _RewindMode.ValueType  # 2
     """The point and every later message leave the conversation."""
@@ -43,14 +44,157 @@ class RewindMode(_RewindMode, metaclass=_RewindModeEnumTypeWrapper):
 REWIND_MODE_UNSPECIFIED: RewindMode.ValueType  # 0
 """Means REWIND_MODE_FILES."""
 REWIND_MODE_FILES: RewindMode.ValueType  # 1
-"""Files edited through Write, Edit and NotebookEdit go back to their content
-at the point; files created since are deleted.
+"""The files the dropped turns changed go back to their content at the point
+(from a workspace snapshot, or the CLI's checkpoints for Write, Edit and
+NotebookEdit); files created since are deleted.
 """
 REWIND_MODE_CONVERSATION: RewindMode.ValueType  # 2
 """The point and every later message leave the conversation."""
 REWIND_MODE_BOTH: RewindMode.ValueType  # 3
 """Files, then the conversation. Refused whole when either half is refused."""
 Global___RewindMode: _TypeAlias = RewindMode  # noqa: Y015
+
+class _FilesSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FilesSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FilesSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FILES_SOURCE_UNSPECIFIED: _FilesSource.ValueType  # 0
+    FILES_SOURCE_CHECKPOINT: _FilesSource.ValueType  # 1
+    """The Claude Code CLI's own file checkpoints: files edited through Write,
+    Edit and NotebookEdit, for the most recent prompts only.
+    """
+    FILES_SOURCE_SNAPSHOT: _FilesSource.ValueType  # 2
+    """The service's workspace snapshots: every path changed during the dropped
+    turns, by any tool or subagent.
+    """
+
+class FilesSource(_FilesSource, metaclass=_FilesSourceEnumTypeWrapper):
+    """What served the files half of a rewind."""
+
+FILES_SOURCE_UNSPECIFIED: FilesSource.ValueType  # 0
+FILES_SOURCE_CHECKPOINT: FilesSource.ValueType  # 1
+"""The Claude Code CLI's own file checkpoints: files edited through Write,
+Edit and NotebookEdit, for the most recent prompts only.
+"""
+FILES_SOURCE_SNAPSHOT: FilesSource.ValueType  # 2
+"""The service's workspace snapshots: every path changed during the dropped
+turns, by any tool or subagent.
+"""
+Global___FilesSource: _TypeAlias = FilesSource  # noqa: Y015
+
+class _ConflictPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConflictPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConflictPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFLICT_POLICY_UNSPECIFIED: _ConflictPolicy.ValueType  # 0
+    """Means CONFLICT_POLICY_REFUSE."""
+    CONFLICT_POLICY_REFUSE: _ConflictPolicy.ValueType  # 1
+    """The files half is refused with EXTERNAL_CHANGES; nothing is applied."""
+    CONFLICT_POLICY_SKIP: _ConflictPolicy.ValueType  # 2
+    """Those paths stay as they are; every other path is restored."""
+    CONFLICT_POLICY_OVERWRITE: _ConflictPolicy.ValueType  # 3
+    """Those paths are restored too, and the external change is lost."""
+
+class ConflictPolicy(_ConflictPolicy, metaclass=_ConflictPolicyEnumTypeWrapper):
+    """What a files rewind does with a path that was also changed outside the
+    agent's turns (by a person or another tool): an external change.
+    """
+
+CONFLICT_POLICY_UNSPECIFIED: ConflictPolicy.ValueType  # 0
+"""Means CONFLICT_POLICY_REFUSE."""
+CONFLICT_POLICY_REFUSE: ConflictPolicy.ValueType  # 1
+"""The files half is refused with EXTERNAL_CHANGES; nothing is applied."""
+CONFLICT_POLICY_SKIP: ConflictPolicy.ValueType  # 2
+"""Those paths stay as they are; every other path is restored."""
+CONFLICT_POLICY_OVERWRITE: ConflictPolicy.ValueType  # 3
+"""Those paths are restored too, and the external change is lost."""
+Global___ConflictPolicy: _TypeAlias = ConflictPolicy  # noqa: Y015
+
+class _ConflictResolution:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConflictResolutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConflictResolution.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFLICT_RESOLUTION_UNSPECIFIED: _ConflictResolution.ValueType  # 0
+    CONFLICT_RESOLUTION_REFUSED: _ConflictResolution.ValueType  # 1
+    """The rewind was refused because of it (or would be, in a dry run)."""
+    CONFLICT_RESOLUTION_SKIPPED: _ConflictResolution.ValueType  # 2
+    """Left as it is."""
+    CONFLICT_RESOLUTION_OVERWRITTEN: _ConflictResolution.ValueType  # 3
+    """Restored over the external change."""
+
+class ConflictResolution(_ConflictResolution, metaclass=_ConflictResolutionEnumTypeWrapper):
+    """What happened to a path with an external change."""
+
+CONFLICT_RESOLUTION_UNSPECIFIED: ConflictResolution.ValueType  # 0
+CONFLICT_RESOLUTION_REFUSED: ConflictResolution.ValueType  # 1
+"""The rewind was refused because of it (or would be, in a dry run)."""
+CONFLICT_RESOLUTION_SKIPPED: ConflictResolution.ValueType  # 2
+"""Left as it is."""
+CONFLICT_RESOLUTION_OVERWRITTEN: ConflictResolution.ValueType  # 3
+"""Restored over the external change."""
+Global___ConflictResolution: _TypeAlias = ConflictResolution  # noqa: Y015
+
+class _FileChange:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FileChangeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FileChange.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FILE_CHANGE_UNSPECIFIED: _FileChange.ValueType  # 0
+    FILE_CHANGE_ADDED: _FileChange.ValueType  # 1
+    """The path does not exist now and the rewind creates it."""
+    FILE_CHANGE_MODIFIED: _FileChange.ValueType  # 2
+    """The path exists and the rewind changes its content or mode."""
+    FILE_CHANGE_DELETED: _FileChange.ValueType  # 3
+    """The path exists and the rewind deletes it."""
+
+class FileChange(_FileChange, metaclass=_FileChangeEnumTypeWrapper):
+    """How a files rewind changes one path."""
+
+FILE_CHANGE_UNSPECIFIED: FileChange.ValueType  # 0
+FILE_CHANGE_ADDED: FileChange.ValueType  # 1
+"""The path does not exist now and the rewind creates it."""
+FILE_CHANGE_MODIFIED: FileChange.ValueType  # 2
+"""The path exists and the rewind changes its content or mode."""
+FILE_CHANGE_DELETED: FileChange.ValueType  # 3
+"""The path exists and the rewind deletes it."""
+Global___FileChange: _TypeAlias = FileChange  # noqa: Y015
+
+class _RewindEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RewindEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RewindEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REWIND_EVENT_KIND_UNSPECIFIED: _RewindEventKind.ValueType  # 0
+    REWIND_EVENT_KIND_REWOUND: _RewindEventKind.ValueType  # 1
+    """A rewind was applied."""
+    REWIND_EVENT_KIND_UNDONE: _RewindEventKind.ValueType  # 2
+    """A rewind was undone (UndoRewind); rewind_id names the rewind undone."""
+    REWIND_EVENT_KIND_SESSION_DELETED: _RewindEventKind.ValueType  # 3
+    """The session was deleted for good; subscribers that mirror its
+    conversation must drop it.
+    """
+
+class RewindEventKind(_RewindEventKind, metaclass=_RewindEventKindEnumTypeWrapper):
+    """What a RewindEvent records."""
+
+REWIND_EVENT_KIND_UNSPECIFIED: RewindEventKind.ValueType  # 0
+REWIND_EVENT_KIND_REWOUND: RewindEventKind.ValueType  # 1
+"""A rewind was applied."""
+REWIND_EVENT_KIND_UNDONE: RewindEventKind.ValueType  # 2
+"""A rewind was undone (UndoRewind); rewind_id names the rewind undone."""
+REWIND_EVENT_KIND_SESSION_DELETED: RewindEventKind.ValueType  # 3
+"""The session was deleted for good; subscribers that mirror its
+conversation must drop it.
+"""
+Global___RewindEventKind: _TypeAlias = RewindEventKind  # noqa: Y015
 
 @_typing.final
 class RewindPoint(_message.Message):
@@ -64,6 +208,7 @@ class RewindPoint(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     FILES_REWINDABLE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_AVAILABLE_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     """The prompt's transcript UUID, also its file checkpoint id."""
     resume_at_message_id: _builtins.str
@@ -75,8 +220,13 @@ class RewindPoint(_message.Message):
     index: _builtins.int
     """0-based turn number in the visible conversation."""
     files_rewindable: _builtins.bool
-    """Whether a files rewind to this point can be served: checkpointing is on
-    and the point is within the checkpoint window.
+    """Whether a files rewind to this point can be served: from a complete
+    workspace snapshot at the point, or from the CLI's file checkpoint
+    (checkpointing on and the point within the checkpoint window).
+    """
+    snapshot_available: _builtins.bool
+    """A complete workspace snapshot exists for the point: a files rewind to it
+    restores every path the dropped turns changed, whatever changed it.
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
@@ -89,14 +239,79 @@ class RewindPoint(_message.Message):
         index: _builtins.int = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         files_rewindable: _builtins.bool = ...,
+        snapshot_available: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "files_rewindable", b"files_rewindable", "index", b"index", "message_id", b"message_id", "resume_at_message_id", b"resume_at_message_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "files_rewindable", b"files_rewindable", "index", b"index", "message_id", b"message_id", "resume_at_message_id", b"resume_at_message_id", "snapshot_available", b"snapshot_available", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RewindPoint: _TypeAlias = RewindPoint  # noqa: Y015
+
+@_typing.final
+class FileConflict(_message.Message):
+    """A path the rewind would restore that was also changed outside the agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    RESOLUTION_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Relative to the workspace."""
+    resolution: Global___ConflictResolution.ValueType
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        resolution: Global___ConflictResolution.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "resolution", b"resolution"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileConflict: _TypeAlias = FileConflict  # noqa: Y015
+
+@_typing.final
+class FileDiff(_message.Message):
+    """The change a files rewind makes to one path, from what is on disk now to
+    what the rewind restores.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
+    UNIFIED_DIFF_FIELD_NUMBER: _builtins.int
+    BINARY_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Relative to the workspace."""
+    change: Global___FileChange.ValueType
+    unified_diff: _builtins.str
+    """A unified diff (empty for a binary file). Bounded in size: see truncated."""
+    binary: _builtins.bool
+    """The content is not text; no diff is given."""
+    truncated: _builtins.bool
+    """unified_diff was cut to the service's size bound."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        change: Global___FileChange.ValueType = ...,
+        unified_diff: _builtins.str = ...,
+        binary: _builtins.bool = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "change", b"change", "path", b"path", "truncated", b"truncated", "unified_diff", b"unified_diff"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileDiff: _TypeAlias = FileDiff  # noqa: Y015
 
 @_typing.final
 class Refusal(_message.Message):
@@ -160,6 +375,10 @@ class FilesRewindResult(_message.Message):
     SKIPPED_LINKS_FIELD_NUMBER: _builtins.int
     REFUSAL_FIELD_NUMBER: _builtins.int
     REQUESTED_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
+    DIFFS_FIELD_NUMBER: _builtins.int
+    DIFFS_TRUNCATED_FIELD_NUMBER: _builtins.int
     can_rewind: _builtins.bool
     insertions: _builtins.int
     deletions: _builtins.int
@@ -167,12 +386,24 @@ class FilesRewindResult(_message.Message):
     """Tracked paths skipped because they are symlinks or other non-regular files."""
     requested: _builtins.bool
     """Whether this half was asked for."""
+    source: Global___FilesSource.ValueType
+    """What served (or would serve) this half."""
+    diffs_truncated: _builtins.bool
+    """diffs stops short of every changed path: the total size bound was reached."""
     @_builtins.property
     def files_changed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Paths that are (dry run) or were changed."""
 
     @_builtins.property
     def refusal(self) -> Global___Refusal: ...
+    @_builtins.property
+    def conflicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileConflict]:
+        """Paths with external changes, and what happened (or would happen) to each."""
+
+    @_builtins.property
+    def diffs(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileDiff]:
+        """DryRun with include_diff only: what the rewind would change, per path."""
+
     def __init__(
         self,
         *,
@@ -183,10 +414,14 @@ class FilesRewindResult(_message.Message):
         skipped_links: _builtins.int = ...,
         refusal: Global___Refusal | None = ...,
         requested: _builtins.bool = ...,
+        source: Global___FilesSource.ValueType = ...,
+        conflicts: _abc.Iterable[Global___FileConflict] | None = ...,
+        diffs: _abc.Iterable[Global___FileDiff] | None = ...,
+        diffs_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["refusal", b"refusal"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["can_rewind", b"can_rewind", "deletions", b"deletions", "files_changed", b"files_changed", "insertions", b"insertions", "refusal", b"refusal", "requested", b"requested", "skipped_links", b"skipped_links"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["can_rewind", b"can_rewind", "conflicts", b"conflicts", "deletions", b"deletions", "diffs", b"diffs", "diffs_truncated", b"diffs_truncated", "files_changed", b"files_changed", "insertions", b"insertions", "refusal", b"refusal", "requested", b"requested", "skipped_links", b"skipped_links", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -274,6 +509,15 @@ class Capabilities(_message.Message):
     SERVICE_VERSION_FIELD_NUMBER: _builtins.int
     SDK_VERSION_FIELD_NUMBER: _builtins.int
     CLI_VERSION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    MODEL_BACKEND_FIELD_NUMBER: _builtins.int
+    MAX_LIVE_SESSIONS_FIELD_NUMBER: _builtins.int
+    WORKSPACE_SNAPSHOTS_FIELD_NUMBER: _builtins.int
+    AUTHENTICATION_FIELD_NUMBER: _builtins.int
+    UNDO_REWIND_FIELD_NUMBER: _builtins.int
+    FORK_SESSION_FIELD_NUMBER: _builtins.int
+    DELETE_SESSION_FIELD_NUMBER: _builtins.int
+    PROMPT_REWIND_FIELD_NUMBER: _builtins.int
     file_checkpoint_window: _builtins.int
     """How many most recent prompts still have file checkpoints."""
     dry_run: _builtins.bool
@@ -282,6 +526,26 @@ class Capabilities(_message.Message):
     service_version: _builtins.str
     sdk_version: _builtins.str
     cli_version: _builtins.str
+    replicas: _builtins.int
+    """How many replicas serve this deployment (1 without a shared database)."""
+    model_backend: _builtins.str
+    """The model backend the agents talk to: "anthropic" (the Anthropic API or a
+    gateway) or "offline" (the built-in scripted model, for tests and demos).
+    """
+    max_live_sessions: _builtins.int
+    """At most this many sessions hold a live Claude Code process at once."""
+    workspace_snapshots: _builtins.bool
+    """Whether new sessions take workspace snapshots by default."""
+    authentication: _builtins.bool
+    """Whether callers must authenticate (bearer token or client certificate)."""
+    undo_rewind: _builtins.bool
+    """Whether UndoRewind is served."""
+    fork_session: _builtins.bool
+    """Whether ForkSession is served."""
+    delete_session: _builtins.bool
+    """Whether DeleteSession is served."""
+    prompt_rewind: _builtins.bool
+    """Whether PromptRequest.rewind (rewind, then prompt, as one step) is served."""
     @_builtins.property
     def modes(self) -> _containers.RepeatedScalarFieldContainer[Global___RewindMode.ValueType]: ...
     def __init__(
@@ -294,10 +558,19 @@ class Capabilities(_message.Message):
         service_version: _builtins.str = ...,
         sdk_version: _builtins.str = ...,
         cli_version: _builtins.str = ...,
+        replicas: _builtins.int = ...,
+        model_backend: _builtins.str = ...,
+        max_live_sessions: _builtins.int = ...,
+        workspace_snapshots: _builtins.bool = ...,
+        authentication: _builtins.bool = ...,
+        undo_rewind: _builtins.bool = ...,
+        fork_session: _builtins.bool = ...,
+        delete_session: _builtins.bool = ...,
+        prompt_rewind: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cli_version", b"cli_version", "dry_run", b"dry_run", "events", b"events", "file_checkpoint_window", b"file_checkpoint_window", "modes", b"modes", "sdk_version", b"sdk_version", "service_version", b"service_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authentication", b"authentication", "cli_version", b"cli_version", "delete_session", b"delete_session", "dry_run", b"dry_run", "events", b"events", "file_checkpoint_window", b"file_checkpoint_window", "fork_session", b"fork_session", "max_live_sessions", b"max_live_sessions", "model_backend", b"model_backend", "modes", b"modes", "prompt_rewind", b"prompt_rewind", "replicas", b"replicas", "sdk_version", b"sdk_version", "service_version", b"service_version", "undo_rewind", b"undo_rewind", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -305,7 +578,9 @@ Global___Capabilities: _TypeAlias = Capabilities  # noqa: Y015
 
 @_typing.final
 class RewindEvent(_message.Message):
-    """One applied rewind, as watchers see it. Never carries hidden content."""
+    """One change of a session's history, as watchers see it. Never carries the
+    content of a hidden message.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -318,6 +593,9 @@ class RewindEvent(_message.Message):
     MESSAGES_DROPPED_FIELD_NUMBER: _builtins.int
     PRINCIPAL_FIELD_NUMBER: _builtins.int
     OCCUR_TIME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    LAST_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_CHANGED_FIELD_NUMBER: _builtins.int
     cursor: _builtins.int
     """Strictly increasing and gap-free per deployment."""
     rewind_id: _builtins.str
@@ -326,6 +604,12 @@ class RewindEvent(_message.Message):
     mode: Global___RewindMode.ValueType
     messages_dropped: _builtins.int
     principal: _builtins.str
+    """Who made the change."""
+    kind: Global___RewindEventKind.ValueType
+    last_message_id: _builtins.str
+    """The newest visible message after the change (empty for SESSION_DELETED)."""
+    conversation_changed: _builtins.bool
+    """Whether the conversation was cut (REWOUND) or put back (UNDONE)."""
     @_builtins.property
     def files(self) -> Global___FilesRewindResult: ...
     @_builtins.property
@@ -342,11 +626,40 @@ class RewindEvent(_message.Message):
         messages_dropped: _builtins.int = ...,
         principal: _builtins.str = ...,
         occur_time: _timestamp_pb2.Timestamp | None = ...,
+        kind: Global___RewindEventKind.ValueType = ...,
+        last_message_id: _builtins.str = ...,
+        conversation_changed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "occur_time", b"occur_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "files", b"files", "message_id", b"message_id", "messages_dropped", b"messages_dropped", "mode", b"mode", "occur_time", b"occur_time", "principal", b"principal", "rewind_id", b"rewind_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_changed", b"conversation_changed", "cursor", b"cursor", "files", b"files", "kind", b"kind", "last_message_id", b"last_message_id", "message_id", b"message_id", "messages_dropped", b"messages_dropped", "mode", b"mode", "occur_time", b"occur_time", "principal", b"principal", "rewind_id", b"rewind_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RewindEvent: _TypeAlias = RewindEvent  # noqa: Y015
+
+@_typing.final
+class CaughtUp(_message.Message):
+    """Sent once on a WatchRewindEvents stream: the replay before it is complete
+    and live events follow.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURSOR_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.int
+    """The deployment's newest cursor when the watch began, whatever the
+    session filter (0 when there is none yet).
+    """
+    def __init__(
+        self,
+        *,
+        cursor: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CaughtUp: _TypeAlias = CaughtUp  # noqa: Y015

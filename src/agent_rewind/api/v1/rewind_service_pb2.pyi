@@ -96,6 +96,8 @@ class RewindRequest(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     EXPECTED_LAST_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CONFLICT_POLICY_FIELD_NUMBER: _builtins.int
+    INCLUDE_DIFF_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     message_id: _builtins.str
     """A prompt's transcript UUID, or an assistant message's API id (msg_...)."""
@@ -106,6 +108,10 @@ class RewindRequest(_message.Message):
     """
     request_id: _builtins.str
     """A UUID: a repeated request with the same id returns the first result."""
+    conflict_policy: _rewind_pb2.ConflictPolicy.ValueType
+    """What to do with paths also changed outside the agent. Default: refuse."""
+    include_diff: _builtins.bool
+    """DryRun only: fill FilesRewindResult.diffs."""
     def __init__(
         self,
         *,
@@ -114,10 +120,12 @@ class RewindRequest(_message.Message):
         mode: _rewind_pb2.RewindMode.ValueType = ...,
         expected_last_message_id: _builtins.str | None = ...,
         request_id: _builtins.str = ...,
+        conflict_policy: _rewind_pb2.ConflictPolicy.ValueType = ...,
+        include_diff: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "expected_last_message_id", b"expected_last_message_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "expected_last_message_id", b"expected_last_message_id", "message_id", b"message_id", "mode", b"mode", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "conflict_policy", b"conflict_policy", "expected_last_message_id", b"expected_last_message_id", "include_diff", b"include_diff", "message_id", b"message_id", "mode", b"mode", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_message_id: _TypeAlias = _typing.Literal["expected_last_message_id"]  # noqa: Y015
     _WhichOneofArgType__expected_last_message_id: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id"]  # noqa: Y015
@@ -150,3 +158,66 @@ class WatchRewindEventsRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__after_cursor) -> _WhichOneofReturnType__after_cursor | None: ...
 
 Global___WatchRewindEventsRequest: _TypeAlias = WatchRewindEventsRequest  # noqa: Y015
+
+@_typing.final
+class WatchRewindEventsResponse(_message.Message):
+    """One message of a WatchRewindEvents stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    CAUGHT_UP_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> _rewind_pb2.RewindEvent: ...
+    @_builtins.property
+    def caught_up(self) -> _rewind_pb2.CaughtUp: ...
+    def __init__(
+        self,
+        *,
+        event: _rewind_pb2.RewindEvent | None = ...,
+        caught_up: _rewind_pb2.CaughtUp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caught_up", b"caught_up", "event", b"event", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caught_up", b"caught_up", "event", b"event", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["event", "caught_up"]  # noqa: Y015
+    _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
+
+Global___WatchRewindEventsResponse: _TypeAlias = WatchRewindEventsResponse  # noqa: Y015
+
+@_typing.final
+class UndoRewindRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    REWIND_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CONFLICT_POLICY_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    rewind_id: _builtins.str
+    """The rewind to undo: it must be the session's latest."""
+    request_id: _builtins.str
+    """A UUID: a repeated request with the same id returns the first result."""
+    conflict_policy: _rewind_pb2.ConflictPolicy.ValueType
+    """What to do with paths changed since the rewind. Default: refuse."""
+    validate_only: _builtins.bool
+    """Preview the undo like a DryRun; apply nothing (AIP-163)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        rewind_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        conflict_policy: _rewind_pb2.ConflictPolicy.ValueType = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conflict_policy", b"conflict_policy", "request_id", b"request_id", "rewind_id", b"rewind_id", "session_id", b"session_id", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndoRewindRequest: _TypeAlias = UndoRewindRequest  # noqa: Y015

@@ -59,7 +59,12 @@ class RewindServiceStub:
         self.WatchRewindEvents = channel.unary_stream(
                 '/agent_rewind.v1.RewindService/WatchRewindEvents',
                 request_serializer=agent__rewind_dot_v1_dot_rewind__service__pb2.WatchRewindEventsRequest.SerializeToString,
-                response_deserializer=agent__rewind_dot_v1_dot_rewind__pb2.RewindEvent.FromString,
+                response_deserializer=agent__rewind_dot_v1_dot_rewind__service__pb2.WatchRewindEventsResponse.FromString,
+                _registered_method=True)
+        self.UndoRewind = channel.unary_unary(
+                '/agent_rewind.v1.RewindService/UndoRewind',
+                request_serializer=agent__rewind_dot_v1_dot_rewind__service__pb2.UndoRewindRequest.SerializeToString,
+                response_deserializer=agent__rewind_dot_v1_dot_rewind__pb2.RewindResult.FromString,
                 _registered_method=True)
 
 
@@ -96,7 +101,16 @@ class RewindServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchRewindEvents(self, request, context):
-        """A feed of applied rewinds.
+        """A feed of history changes: replays the log after a cursor, says when it
+        has caught up, then follows live.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndoRewind(self, request, context):
+        """Puts files and conversation back as they were just before the session's
+        latest rewind, while no turn ran after it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -128,7 +142,12 @@ def add_RewindServiceServicer_to_server(servicer, server):
             'WatchRewindEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRewindEvents,
                     request_deserializer=agent__rewind_dot_v1_dot_rewind__service__pb2.WatchRewindEventsRequest.FromString,
-                    response_serializer=agent__rewind_dot_v1_dot_rewind__pb2.RewindEvent.SerializeToString,
+                    response_serializer=agent__rewind_dot_v1_dot_rewind__service__pb2.WatchRewindEventsResponse.SerializeToString,
+            ),
+            'UndoRewind': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndoRewind,
+                    request_deserializer=agent__rewind_dot_v1_dot_rewind__service__pb2.UndoRewindRequest.FromString,
+                    response_serializer=agent__rewind_dot_v1_dot_rewind__pb2.RewindResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,7 +285,34 @@ class RewindService:
             target,
             '/agent_rewind.v1.RewindService/WatchRewindEvents',
             agent__rewind_dot_v1_dot_rewind__service__pb2.WatchRewindEventsRequest.SerializeToString,
-            agent__rewind_dot_v1_dot_rewind__pb2.RewindEvent.FromString,
+            agent__rewind_dot_v1_dot_rewind__service__pb2.WatchRewindEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndoRewind(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agent_rewind.v1.RewindService/UndoRewind',
+            agent__rewind_dot_v1_dot_rewind__service__pb2.UndoRewindRequest.SerializeToString,
+            agent__rewind_dot_v1_dot_rewind__pb2.RewindResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,8 +42,14 @@ class RewindServiceStub:
     """Previews a rewind; applies nothing. Refusals are reported in the result."""
     Rewind: _grpc.UnaryUnaryMultiCallable[_rewind_service_pb2.RewindRequest, _rewind_pb2.RewindResult]
     """Applies a rewind, all of it or nothing."""
-    WatchRewindEvents: _grpc.UnaryStreamMultiCallable[_rewind_service_pb2.WatchRewindEventsRequest, _rewind_pb2.RewindEvent]
-    """A feed of applied rewinds."""
+    WatchRewindEvents: _grpc.UnaryStreamMultiCallable[_rewind_service_pb2.WatchRewindEventsRequest, _rewind_service_pb2.WatchRewindEventsResponse]
+    """A feed of history changes: replays the log after a cursor, says when it
+    has caught up, then follows live.
+    """
+    UndoRewind: _grpc.UnaryUnaryMultiCallable[_rewind_service_pb2.UndoRewindRequest, _rewind_pb2.RewindResult]
+    """Puts files and conversation back as they were just before the session's
+    latest rewind, while no turn ran after it.
+    """
 
 @_typing.type_check_only
 class RewindServiceAsyncStub(RewindServiceStub):
@@ -58,8 +64,14 @@ class RewindServiceAsyncStub(RewindServiceStub):
     """Previews a rewind; applies nothing. Refusals are reported in the result."""
     Rewind: _aio.UnaryUnaryMultiCallable[_rewind_service_pb2.RewindRequest, _rewind_pb2.RewindResult]  # type: ignore[assignment]
     """Applies a rewind, all of it or nothing."""
-    WatchRewindEvents: _aio.UnaryStreamMultiCallable[_rewind_service_pb2.WatchRewindEventsRequest, _rewind_pb2.RewindEvent]  # type: ignore[assignment]
-    """A feed of applied rewinds."""
+    WatchRewindEvents: _aio.UnaryStreamMultiCallable[_rewind_service_pb2.WatchRewindEventsRequest, _rewind_service_pb2.WatchRewindEventsResponse]  # type: ignore[assignment]
+    """A feed of history changes: replays the log after a cursor, says when it
+    has caught up, then follows live.
+    """
+    UndoRewind: _aio.UnaryUnaryMultiCallable[_rewind_service_pb2.UndoRewindRequest, _rewind_pb2.RewindResult]  # type: ignore[assignment]
+    """Puts files and conversation back as they were just before the session's
+    latest rewind, while no turn ran after it.
+    """
 
 class RewindServiceServicer(metaclass=_abc_1.ABCMeta):
     """Rewinds sessions to an earlier user prompt."""
@@ -101,7 +113,19 @@ class RewindServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _rewind_service_pb2.WatchRewindEventsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_rewind_pb2.RewindEvent], _abc.AsyncIterator[_rewind_pb2.RewindEvent]]:
-        """A feed of applied rewinds."""
+    ) -> _typing.Union[_abc.Iterator[_rewind_service_pb2.WatchRewindEventsResponse], _abc.AsyncIterator[_rewind_service_pb2.WatchRewindEventsResponse]]:
+        """A feed of history changes: replays the log after a cursor, says when it
+        has caught up, then follows live.
+        """
+
+    @_abc_1.abstractmethod
+    def UndoRewind(
+        self,
+        request: _rewind_service_pb2.UndoRewindRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rewind_pb2.RewindResult, _abc.Awaitable[_rewind_pb2.RewindResult]]:
+        """Puts files and conversation back as they were just before the session's
+        latest rewind, while no turn ran after it.
+        """
 
 def add_RewindServiceServicer_to_server(servicer: RewindServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agent_rewind.api.v1 import rewind_pb2 as _rewind_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -66,6 +67,10 @@ class Session(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    WORKSPACE_SNAPSHOTS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The SDK session id (a UUID)."""
     cwd: _builtins.str
@@ -79,6 +84,16 @@ class Session(_message.Message):
     """How many turns (user prompts) the visible conversation holds."""
     file_checkpointing: _builtins.bool
     """Whether file checkpoints are taken, so files can be rewound."""
+    principal: _builtins.str
+    """Who created the session; it owns it."""
+    replica: _builtins.str
+    """The replica that owns the session (holds its workspace and live process)."""
+    workspace_snapshots: _builtins.bool
+    """Whether the workspace is snapshotted when each turn starts and ends."""
+    snapshot_bytes: _builtins.int
+    """Bytes the session's workspace snapshots hold on disk (shared objects
+    counted once per session).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -99,10 +114,14 @@ class Session(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         options: _struct_pb2.Struct | None = ...,
+        principal: _builtins.str = ...,
+        replica: _builtins.str = ...,
+        workspace_snapshots: _builtins.bool = ...,
+        snapshot_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "options", b"options", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "file_checkpointing", b"file_checkpointing", "last_message_id", b"last_message_id", "options", b"options", "session_id", b"session_id", "state", b"state", "turn_count", b"turn_count", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "file_checkpointing", b"file_checkpointing", "last_message_id", b"last_message_id", "options", b"options", "principal", b"principal", "replica", b"replica", "session_id", b"session_id", "snapshot_bytes", b"snapshot_bytes", "state", b"state", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -276,6 +295,7 @@ class TurnEvent(_message.Message):
     ASSISTANT_MESSAGE_FIELD_NUMBER: _builtins.int
     TOOL_RESULT_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
+    REWIND_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     message_id: _builtins.str
     """The transcript UUID of the message. Empty for a TurnResult."""
@@ -289,6 +309,12 @@ class TurnEvent(_message.Message):
     def tool_result(self) -> Global___ToolResult: ...
     @_builtins.property
     def result(self) -> Global___TurnResult: ...
+    @_builtins.property
+    def rewind(self) -> _rewind_pb2.RewindResult:
+        """First on a stream whose PromptRequest carried a rewind: the rewind that
+        was applied before the prompt ran.
+        """
+
     def __init__(
         self,
         *,
@@ -299,12 +325,13 @@ class TurnEvent(_message.Message):
         assistant_message: Global___AssistantMessage | None = ...,
         tool_result: Global___ToolResult | None = ...,
         result: Global___TurnResult | None = ...,
+        rewind: _rewind_pb2.RewindResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "event", b"event", "result", b"result", "tool_result", b"tool_result", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "event", b"event", "result", b"result", "rewind", b"rewind", "tool_result", b"tool_result", "user_prompt", b"user_prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "event", b"event", "message_id", b"message_id", "parent_tool_use_id", b"parent_tool_use_id", "result", b"result", "session_id", b"session_id", "tool_result", b"tool_result", "user_prompt", b"user_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "event", b"event", "message_id", b"message_id", "parent_tool_use_id", b"parent_tool_use_id", "result", b"result", "rewind", b"rewind", "session_id", b"session_id", "tool_result", b"tool_result", "user_prompt", b"user_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["user_prompt", "assistant_message", "tool_result", "result"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["user_prompt", "assistant_message", "tool_result", "result", "rewind"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

@@ -22,31 +22,39 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from agent_rewind.api.v1 import rewind_pb2 as agent__rewind_dot_v1_dot_rewind__pb2
 from agent_rewind.api.v1 import session_pb2 as agent__rewind_dot_v1_dot_session__pb2
+from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%agent_rewind/v1/session_service.proto\x12\x0f\x61gent_rewind.v1\x1a\x1d\x61gent_rewind/v1/session.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xbb\x01\n\x14\x43reateSessionRequest\x12\x0b\n\x03\x63wd\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x19\x65nable_file_checkpointing\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\x1c\n\x1a_enable_file_checkpointing\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"[\n\x14ListSessionsResponse\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.agent_rewind.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\rPromptRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"&\n\x10InterruptRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t2\xed\x03\n\x0eSessionService\x12P\n\rCreateSession\x12%.agent_rewind.v1.CreateSessionRequest\x1a\x18.agent_rewind.v1.Session\x12J\n\nGetSession\x12\".agent_rewind.v1.GetSessionRequest\x1a\x18.agent_rewind.v1.Session\x12[\n\x0cListSessions\x12$.agent_rewind.v1.ListSessionsRequest\x1a%.agent_rewind.v1.ListSessionsResponse\x12\x46\n\x06Prompt\x12\x1e.agent_rewind.v1.PromptRequest\x1a\x1a.agent_rewind.v1.TurnEvent0\x01\x12H\n\tInterrupt\x12!.agent_rewind.v1.InterruptRequest\x1a\x18.agent_rewind.v1.Session\x12N\n\x0c\x43loseSession\x12$.agent_rewind.v1.CloseSessionRequest\x1a\x18.agent_rewind.v1.Sessionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%agent_rewind/v1/session_service.proto\x12\x0f\x61gent_rewind.v1\x1a\x1c\x61gent_rewind/v1/rewind.proto\x1a\x1d\x61gent_rewind/v1/session.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xf5\x01\n\x14\x43reateSessionRequest\x12\x0b\n\x03\x63wd\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x19\x65nable_file_checkpointing\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12 \n\x13workspace_snapshots\x18\x06 \x01(\x08H\x01\x88\x01\x01\x42\x1c\n\x1a_enable_file_checkpointingB\x16\n\x14_workspace_snapshots\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"[\n\x14ListSessionsResponse\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.agent_rewind.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"t\n\rPromptRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12-\n\x06rewind\x18\x04 \x01(\x0b\x32\x1d.agent_rewind.v1.PromptRewind\"\xcb\x01\n\x0cPromptRewind\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12%\n\x18\x65xpected_last_message_id\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x38\n\x0f\x63onflict_policy\x18\x04 \x01(\x0e\x32\x1f.agent_rewind.v1.ConflictPolicyB\x1b\n\x19_expected_last_message_id\"&\n\x10InterruptRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"8\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"u\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x16\n\x0enew_session_id\x18\x03 \x01(\t\x12\x0b\n\x03\x63wd\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"X\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65lete_workspace\x18\x03 \x01(\x08\x32\x8b\x05\n\x0eSessionService\x12P\n\rCreateSession\x12%.agent_rewind.v1.CreateSessionRequest\x1a\x18.agent_rewind.v1.Session\x12J\n\nGetSession\x12\".agent_rewind.v1.GetSessionRequest\x1a\x18.agent_rewind.v1.Session\x12[\n\x0cListSessions\x12$.agent_rewind.v1.ListSessionsRequest\x1a%.agent_rewind.v1.ListSessionsResponse\x12\x46\n\x06Prompt\x12\x1e.agent_rewind.v1.PromptRequest\x1a\x1a.agent_rewind.v1.TurnEvent0\x01\x12H\n\tInterrupt\x12!.agent_rewind.v1.InterruptRequest\x1a\x18.agent_rewind.v1.Session\x12N\n\x0c\x43loseSession\x12$.agent_rewind.v1.CloseSessionRequest\x1a\x18.agent_rewind.v1.Session\x12L\n\x0b\x46orkSession\x12#.agent_rewind.v1.ForkSessionRequest\x1a\x18.agent_rewind.v1.Session\x12N\n\rDeleteSession\x12%.agent_rewind.v1.DeleteSessionRequest\x1a\x16.google.protobuf.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_rewind.v1.session_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATESESSIONREQUEST']._serialized_start=120
-  _globals['_CREATESESSIONREQUEST']._serialized_end=307
-  _globals['_GETSESSIONREQUEST']._serialized_start=309
-  _globals['_GETSESSIONREQUEST']._serialized_end=348
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=350
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=410
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=412
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=503
-  _globals['_PROMPTREQUEST']._serialized_start=505
-  _globals['_PROMPTREQUEST']._serialized_end=574
-  _globals['_INTERRUPTREQUEST']._serialized_start=576
-  _globals['_INTERRUPTREQUEST']._serialized_end=614
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=616
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=657
-  _globals['_SESSIONSERVICE']._serialized_start=660
-  _globals['_SESSIONSERVICE']._serialized_end=1153
+  _globals['_CREATESESSIONREQUEST']._serialized_start=179
+  _globals['_CREATESESSIONREQUEST']._serialized_end=424
+  _globals['_GETSESSIONREQUEST']._serialized_start=426
+  _globals['_GETSESSIONREQUEST']._serialized_end=465
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=467
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=527
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=529
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=620
+  _globals['_PROMPTREQUEST']._serialized_start=622
+  _globals['_PROMPTREQUEST']._serialized_end=738
+  _globals['_PROMPTREWIND']._serialized_start=741
+  _globals['_PROMPTREWIND']._serialized_end=944
+  _globals['_INTERRUPTREQUEST']._serialized_start=946
+  _globals['_INTERRUPTREQUEST']._serialized_end=984
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=986
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1042
+  _globals['_FORKSESSIONREQUEST']._serialized_start=1044
+  _globals['_FORKSESSIONREQUEST']._serialized_end=1161
+  _globals['_DELETESESSIONREQUEST']._serialized_start=1163
+  _globals['_DELETESESSIONREQUEST']._serialized_end=1251
+  _globals['_SESSIONSERVICE']._serialized_start=1254
+  _globals['_SESSIONSERVICE']._serialized_end=1905
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agent_rewind.api.v1 import rewind_pb2 as _rewind_pb2
 from agent_rewind.api.v1 import session_pb2 as _session_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -29,6 +30,7 @@ class CreateSessionRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     ENABLE_FILE_CHECKPOINTING_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    WORKSPACE_SNAPSHOTS_FIELD_NUMBER: _builtins.int
     cwd: _builtins.str
     """The workspace. Must resolve inside a configured workspace root. Empty: a
     fresh workspace of the session's own.
@@ -39,6 +41,11 @@ class CreateSessionRequest(_message.Message):
     """Take file checkpoints so files can be rewound. Default true."""
     request_id: _builtins.str
     """A UUID making the call idempotent (AIP-155)."""
+    workspace_snapshots: _builtins.bool
+    """Snapshot the whole workspace when each turn starts and ends, so files
+    rewinds cover every tool and outlive the CLI's checkpoint window. Absent:
+    the server's default (GetCapabilities.workspace_snapshots).
+    """
     @_builtins.property
     def options(self) -> _struct_pb2.Struct:
         """SDK options keyed by the SDK's own names (model, system_prompt,
@@ -54,14 +61,20 @@ class CreateSessionRequest(_message.Message):
         options: _struct_pb2.Struct | None = ...,
         enable_file_checkpointing: _builtins.bool | None = ...,
         request_id: _builtins.str = ...,
+        workspace_snapshots: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_enable_file_checkpointing", b"_enable_file_checkpointing", "enable_file_checkpointing", b"enable_file_checkpointing", "options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_enable_file_checkpointing", b"_enable_file_checkpointing", "_workspace_snapshots", b"_workspace_snapshots", "enable_file_checkpointing", b"enable_file_checkpointing", "options", b"options", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_file_checkpointing", b"_enable_file_checkpointing", "cwd", b"cwd", "enable_file_checkpointing", b"enable_file_checkpointing", "options", b"options", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enable_file_checkpointing", b"_enable_file_checkpointing", "_workspace_snapshots", b"_workspace_snapshots", "cwd", b"cwd", "enable_file_checkpointing", b"enable_file_checkpointing", "options", b"options", "request_id", b"request_id", "session_id", b"session_id", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__enable_file_checkpointing: _TypeAlias = _typing.Literal["enable_file_checkpointing"]  # noqa: Y015
     _WhichOneofArgType__enable_file_checkpointing: _TypeAlias = _typing.Literal["_enable_file_checkpointing", b"_enable_file_checkpointing"]  # noqa: Y015
+    _WhichOneofReturnType__workspace_snapshots: _TypeAlias = _typing.Literal["workspace_snapshots"]  # noqa: Y015
+    _WhichOneofArgType__workspace_snapshots: _TypeAlias = _typing.Literal["_workspace_snapshots", b"_workspace_snapshots"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__enable_file_checkpointing) -> _WhichOneofReturnType__enable_file_checkpointing | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__workspace_snapshots) -> _WhichOneofReturnType__workspace_snapshots | None: ...
 
 Global___CreateSessionRequest: _TypeAlias = CreateSessionRequest  # noqa: Y015
 
@@ -137,28 +150,75 @@ class PromptRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REWIND_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     text: _builtins.str
     request_id: _builtins.str
     """A UUID (AIP-155). A retry with the same id re-attaches to the turn it
     started, replaying its events from the start, instead of running a second
-    turn; the same id with another text is REQUEST_ID_REUSED. The server
-    remembers the last 32 turns of each session while it runs.
+    turn; after the turn ended (also after a restart) it returns the recorded
+    turn: its prompt and its result. The same id with other arguments is
+    REQUEST_ID_REUSED.
     """
+    @_builtins.property
+    def rewind(self) -> Global___PromptRewind:
+        """Rewind first, then run the prompt, as one step under the session's lock:
+        no other prompt can run between them. A refused rewind runs nothing.
+        """
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         text: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        rewind: Global___PromptRewind | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rewind", b"rewind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "session_id", b"session_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "rewind", b"rewind", "session_id", b"session_id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PromptRequest: _TypeAlias = PromptRequest  # noqa: Y015
+
+@_typing.final
+class PromptRewind(_message.Message):
+    """The rewind a PromptRequest applies before its prompt (edit a prompt and
+    run it again).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    EXPECTED_LAST_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CONFLICT_POLICY_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    """A prompt's transcript UUID, or an assistant message's API id (msg_...)."""
+    mode: _rewind_pb2.RewindMode.ValueType
+    expected_last_message_id: _builtins.str
+    """When set, must equal the newest visible message id, or the stream ends
+    with ABORTED / REWIND_CONFLICT and nothing runs.
+    """
+    conflict_policy: _rewind_pb2.ConflictPolicy.ValueType
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        mode: _rewind_pb2.RewindMode.ValueType = ...,
+        expected_last_message_id: _builtins.str | None = ...,
+        conflict_policy: _rewind_pb2.ConflictPolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "expected_last_message_id", b"expected_last_message_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "conflict_policy", b"conflict_policy", "expected_last_message_id", b"expected_last_message_id", "message_id", b"message_id", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_last_message_id: _TypeAlias = _typing.Literal["expected_last_message_id"]  # noqa: Y015
+    _WhichOneofArgType__expected_last_message_id: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_last_message_id) -> _WhichOneofReturnType__expected_last_message_id | None: ...
+
+Global___PromptRewind: _TypeAlias = PromptRewind  # noqa: Y015
 
 @_typing.final
 class InterruptRequest(_message.Message):
@@ -184,16 +244,87 @@ class CloseSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    force: _builtins.bool
+    """End a running turn too (it ends as interrupted). Without it, closing a
+    session with a turn in flight is TURN_IN_FLIGHT.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionRequest: _TypeAlias = CloseSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    NEW_SESSION_ID_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The source session."""
+    message_id: _builtins.str
+    """Fork just before this prompt (a transcript UUID or msg_ id). Empty: fork
+    the whole session as it is.
+    """
+    new_session_id: _builtins.str
+    """The new session's id (a UUID). Empty: the service picks one."""
+    cwd: _builtins.str
+    """The new session's workspace, under a workspace root. Empty: a fresh one."""
+    request_id: _builtins.str
+    """A UUID making the call idempotent (AIP-155)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+        new_session_id: _builtins.str = ...,
+        cwd: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cwd", b"cwd", "message_id", b"message_id", "new_session_id", b"new_session_id", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DELETE_WORKSPACE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    request_id: _builtins.str
+    """A UUID making the call idempotent (AIP-155)."""
+    delete_workspace: _builtins.bool
+    """Delete the workspace directory too."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        delete_workspace: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_workspace", b"delete_workspace", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSessionRequest: _TypeAlias = DeleteSessionRequest  # noqa: Y015

@@ -5,6 +5,7 @@ import warnings
 
 from agent_rewind.api.v1 import session_pb2 as agent__rewind_dot_v1_dot_session__pb2
 from agent_rewind.api.v1 import session_service_pb2 as agent__rewind_dot_v1_dot_session__service__pb2
+from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -66,6 +67,16 @@ class SessionServiceStub:
                 request_serializer=agent__rewind_dot_v1_dot_session__service__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=agent__rewind_dot_v1_dot_session__pb2.Session.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/agent_rewind.v1.SessionService/ForkSession',
+                request_serializer=agent__rewind_dot_v1_dot_session__service__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=agent__rewind_dot_v1_dot_session__pb2.Session.FromString,
+                _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/agent_rewind.v1.SessionService/DeleteSession',
+                request_serializer=agent__rewind_dot_v1_dot_session__service__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -114,6 +125,23 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """A new session whose conversation and files are the source's as they were
+        just before a point. The source is untouched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSession(self, request, context):
+        """Erases a session: its transcript with every hidden branch, its file
+        backups and snapshots, the ledger's copies of its text. A tombstone
+        without content remains.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +174,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=agent__rewind_dot_v1_dot_session__service__pb2.CloseSessionRequest.FromString,
                     response_serializer=agent__rewind_dot_v1_dot_session__pb2.Session.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=agent__rewind_dot_v1_dot_session__service__pb2.ForkSessionRequest.FromString,
+                    response_serializer=agent__rewind_dot_v1_dot_session__pb2.Session.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=agent__rewind_dot_v1_dot_session__service__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +349,60 @@ class SessionService:
             '/agent_rewind.v1.SessionService/CloseSession',
             agent__rewind_dot_v1_dot_session__service__pb2.CloseSessionRequest.SerializeToString,
             agent__rewind_dot_v1_dot_session__pb2.Session.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agent_rewind.v1.SessionService/ForkSession',
+            agent__rewind_dot_v1_dot_session__service__pb2.ForkSessionRequest.SerializeToString,
+            agent__rewind_dot_v1_dot_session__pb2.Session.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agent_rewind.v1.SessionService/DeleteSession',
+            agent__rewind_dot_v1_dot_session__service__pb2.DeleteSessionRequest.SerializeToString,
+            google_dot_protobuf_dot_empty__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from agent_rewind.api.v1 import session_pb2 as _session_pb2
 from agent_rewind.api.v1 import session_service_pb2 as _session_service_pb2
 from collections import abc as _abc
+from google.protobuf import empty_pb2 as _empty_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
@@ -47,6 +48,15 @@ class SessionServiceStub:
     """Stops the turn in flight, if any."""
     CloseSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.CloseSessionRequest, _session_pb2.Session]
     """Ends the live SDK client. The transcript stays."""
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.ForkSessionRequest, _session_pb2.Session]
+    """A new session whose conversation and files are the source's as they were
+    just before a point. The source is untouched.
+    """
+    DeleteSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.DeleteSessionRequest, _empty_pb2.Empty]
+    """Erases a session: its transcript with every hidden branch, its file
+    backups and snapshots, the ledger's copies of its text. A tombstone
+    without content remains.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -66,6 +76,15 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """Stops the turn in flight, if any."""
     CloseSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.CloseSessionRequest, _session_pb2.Session]  # type: ignore[assignment]
     """Ends the live SDK client. The transcript stays."""
+    ForkSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.ForkSessionRequest, _session_pb2.Session]  # type: ignore[assignment]
+    """A new session whose conversation and files are the source's as they were
+    just before a point. The source is untouched.
+    """
+    DeleteSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.DeleteSessionRequest, _empty_pb2.Empty]  # type: ignore[assignment]
+    """Erases a session: its transcript with every hidden branch, its file
+    backups and snapshots, the ledger's copies of its text. A tombstone
+    without content remains.
+    """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Hosts Claude Agent SDK sessions."""
@@ -118,5 +137,26 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_pb2.Session, _abc.Awaitable[_session_pb2.Session]]:
         """Ends the live SDK client. The transcript stays."""
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _session_service_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.Session, _abc.Awaitable[_session_pb2.Session]]:
+        """A new session whose conversation and files are the source's as they were
+        just before a point. The source is untouched.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSession(
+        self,
+        request: _session_service_pb2.DeleteSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_empty_pb2.Empty, _abc.Awaitable[_empty_pb2.Empty]]:
+        """Erases a session: its transcript with every hidden branch, its file
+        backups and snapshots, the ledger's copies of its text. A tombstone
+        without content remains.
+        """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
