@@ -24,8 +24,8 @@ from pathlib import Path
 
 from claude_agent_sdk import get_session_messages
 
-from agent_rewind.rewind.points import RewindPoint
-from agent_rewind.rewind.transcript import TranscriptIndex
+from agent_rewind.transcript.entries import RewindPoint
+from agent_rewind.transcript.index import TranscriptIndex
 from benchmarks.common import (
     Report,
     Target,

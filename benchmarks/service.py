@@ -27,7 +27,7 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.logs import configure
 from agent_rewind.server import RunningServer, start
-from agent_rewind.sessions.worker import transcript_path
+from agent_rewind.transcript.paths import transcript_path
 
 Mode: TypeAlias = rewind_pb2.RewindMode.ValueType
 FILES = rewind_pb2.REWIND_MODE_FILES

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_rewind.rewind.points import EntryKind, classify
+from agent_rewind.transcript.entries import EntryKind, classify
 from benchmarks.service import serve
 
 # The turns of the recording: the first one opens the session, the others are the template.

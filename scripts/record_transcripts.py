@@ -1,4 +1,4 @@
-"""Record real Claude Code transcripts for the rewind unit tests (tests/unit/rewind/data/).
+"""Record real Claude Code transcripts for the rewind unit tests (tests/unit/transcript/data/).
 
 Runs the bundled Claude Code CLI against the scripted model (no network), once per fixture,
 with CLAUDE_CONFIG_DIR and HOME in a temporary directory. Each fixture directory gets the

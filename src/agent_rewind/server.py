@@ -21,6 +21,7 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.logs import configure
 from agent_rewind.rewind.engine import RewindEngine
+from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
 from agent_rewind.rpc.session_service import SessionServicer
 from agent_rewind.sessions.adapter import SdkAgentClient
@@ -112,8 +113,11 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     engine = RewindEngine(ledger)
 
     server = grpc.aio.server()
-    session_service_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(registry), server)
-    rewind_service_pb2_grpc.add_RewindServiceServicer_to_server(RewindServicer(registry, engine), server)
+    tokens = PageTokens(ledger.secret("page_tokens"))
+    session_service_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(registry, tokens), server)
+    rewind_service_pb2_grpc.add_RewindServiceServicer_to_server(
+        RewindServicer(registry, engine, tokens), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -25,9 +25,9 @@ from agent_rewind.errors import (
     RequestIdReused,
     RewindConflict,
 )
-from agent_rewind.rewind.points import RewindPoint
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.store.ledger import Anchor, Ledger, RewindRecord
+from agent_rewind.transcript.entries import RewindPoint
 
 log = structlog.get_logger(__name__)
 

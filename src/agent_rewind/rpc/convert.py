@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import datetime
 from typing import Any
 
@@ -12,10 +10,10 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.errors import InvalidArgument
 from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome
-from agent_rewind.rewind.points import PREVIEW_CHARS, RewindPoint
-from agent_rewind.rewind.transcript import ConversationView
 from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, ToolResultEvent, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, State
+from agent_rewind.transcript.entries import PREVIEW_CHARS, RewindPoint
+from agent_rewind.transcript.index import ConversationView
 
 _STATES = {
     State.IDLE: session_pb2.SESSION_STATE_IDLE,
@@ -174,28 +172,3 @@ def rewind_result(outcome: RewindOutcome) -> rewind_pb2.RewindResult:
         conversation=_conversation(outcome.conversation),
         last_message_id=outcome.last_message_id,
     )
-
-
-# Paging (AIP-158): the token is an opaque, versioned offset.
-
-
-def page_bounds(page_size: int, page_token: str, default: int, maximum: int = 1000) -> tuple[int, int]:
-    if page_size < 0:
-        raise InvalidArgument("page_size", "must not be negative")
-    size = min(page_size or default, maximum)
-    if not page_token:
-        return 0, size
-    try:
-        data = json.loads(base64.urlsafe_b64decode(page_token.encode()))
-        offset = int(data["o"])
-        if data.get("v") != 1 or offset < 0:
-            raise ValueError
-    except (ValueError, KeyError, TypeError, OverflowError):
-        raise InvalidArgument("page_token", "is not a token this service issued") from None
-    return offset, size
-
-
-def next_page_token(offset: int, size: int, total: int) -> str:
-    if offset + size >= total:
-        return ""
-    return base64.urlsafe_b64encode(json.dumps({"v": 1, "o": offset + size}).encode()).decode()

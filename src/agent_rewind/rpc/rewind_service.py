@@ -8,21 +8,22 @@ import grpc
 
 from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import NotServed
+from agent_rewind.errors import InvalidArgument, NotServed
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
-from agent_rewind.rewind.points import FILE_CHECKPOINT_WINDOW
-from agent_rewind.rpc import convert
+from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.handlers import unary
-from agent_rewind.rpc.session_service import _required
+from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter
-from agent_rewind.sessions.registry import SessionRegistry, parse_uuid
+from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 
 class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
-    def __init__(self, registry: SessionRegistry, engine: RewindEngine) -> None:
+    def __init__(self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens) -> None:
         self._registry = registry
         self._engine = engine
+        self._tokens = tokens
 
     @unary
     async def GetCapabilities(  # noqa: N802 - gRPC method name
@@ -42,25 +43,31 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     async def ListRewindPoints(  # noqa: N802
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
     ) -> rewind_service_pb2.ListRewindPointsResponse:
-        worker = self._registry.get(_required("session_id", request.session_id))
-        offset, size = convert.page_bounds(request.page_size, request.page_token, default=100)
+        worker = self._registry.get(required("session_id", request.session_id))
+        size = requests.page_size(request.page_size, default=100)
+        scope = f"points:{worker.session_id}"
+        position = self._tokens.position(request.page_token, scope)
+        start = position.get("i") if position else 0
+        if not isinstance(start, int) or start < 0:
+            raise InvalidArgument("page_token", "is not a token this service issued for this list")
         view = await worker.view()
-        points = view.points[offset : offset + size]
+        points = view.points[start : start + size]
+        more = start + size < len(view.points)
         return rewind_service_pb2.ListRewindPointsResponse(
             points=[convert.rewind_point(p, worker.record.checkpointing) for p in points],
-            next_page_token=convert.next_page_token(offset, size, len(view.points)),
+            next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
             last_message_id=view.last_message_id,
         )
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         return RewindRequest(
-            session_id=_required("session_id", request.session_id),
-            message_id=_required("message_id", request.message_id),
+            session_id=required("session_id", request.session_id),
+            message_id=required("message_id", request.message_id),
             mode=convert.mode(request.mode),
             expected_last_message_id=(
                 request.expected_last_message_id if request.HasField("expected_last_message_id") else None
             ),
-            request_id=parse_uuid("request_id", request.request_id) if request.request_id else None,
+            request_id=optional_uuid("request_id", request.request_id),
         )
 
     @unary

@@ -9,15 +9,17 @@ from google.protobuf import empty_pb2
 
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.errors import InvalidArgument, NotServed
-from agent_rewind.rpc import convert
+from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.handlers import streaming, unary
-from agent_rewind.sessions.registry import SessionRegistry, parse_uuid
+from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
+from agent_rewind.sessions.registry import SessionRegistry, page_key
 from agent_rewind.sessions.worker import SessionWorker
 
 
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
-    def __init__(self, registry: SessionRegistry) -> None:
+    def __init__(self, registry: SessionRegistry, tokens: PageTokens) -> None:
         self._registry = registry
+        self._tokens = tokens
 
     @unary
     async def CreateSession(  # noqa: N802 - gRPC method name
@@ -28,10 +30,10 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         )
         worker = await self._registry.create(
             cwd=request.cwd,
-            session_id=request.session_id,
+            session_id=optional_uuid("session_id", request.session_id) or "",
             options=convert.struct_to_dict(request.options),
             checkpointing=checkpointing,
-            request_id=request.request_id,
+            request_id=optional_uuid("request_id", request.request_id) or "",
         )
         await self._registry.start(worker)
         return await _session(worker)
@@ -40,27 +42,32 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def GetSession(  # noqa: N802
         self, request: session_service_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        return await _session(self._registry.get(_required("session_id", request.session_id)))
+        return await _session(self._registry.get(required("session_id", request.session_id)))
 
     @unary
     async def ListSessions(  # noqa: N802
         self, request: session_service_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> session_service_pb2.ListSessionsResponse:
-        offset, size = convert.page_bounds(request.page_size, request.page_token, default=50)
-        workers = self._registry.list()
+        size = requests.page_size(request.page_size, default=50)
+        position = self._tokens.position(request.page_token, "sessions")
+        after = (str(position.get("t")), str(position.get("s"))) if position else None
+        workers, more = self._registry.page(after, size)
+        token = ""
+        if more:
+            created, sid = page_key(workers[-1])
+            token = self._tokens.issue("sessions", {"t": created, "s": sid})
         return session_service_pb2.ListSessionsResponse(
-            sessions=[await _session(w) for w in workers[offset : offset + size]],
-            next_page_token=convert.next_page_token(offset, size, len(workers)),
+            sessions=[await _session(w) for w in workers], next_page_token=token
         )
 
     @streaming
     async def Prompt(  # noqa: N802
         self, request: session_service_pb2.PromptRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[session_pb2.TurnEvent]:
-        worker = self._registry.get(_required("session_id", request.session_id))
+        worker = self._registry.get(required("session_id", request.session_id))
         if not request.text.strip():
             raise InvalidArgument("text", "must not be empty")
-        request_id = parse_uuid("request_id", request.request_id) if request.request_id else ""
+        request_id = optional_uuid("request_id", request.request_id) or ""
         turn = await worker.start_turn(request.text, request_id)
         async for event in turn.events():
             yield convert.turn_event(worker.session_id, event)
@@ -69,7 +76,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def Interrupt(  # noqa: N802
         self, request: session_service_pb2.InterruptRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        worker = self._registry.get(_required("session_id", request.session_id))
+        worker = self._registry.get(required("session_id", request.session_id))
         await worker.interrupt()
         return await _session(worker)
 
@@ -77,7 +84,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def CloseSession(  # noqa: N802
         self, request: session_service_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        worker = self._registry.get(_required("session_id", request.session_id))
+        worker = self._registry.get(required("session_id", request.session_id))
         worker.check_no_turn()
         await worker.close()
         return await _session(worker)
@@ -97,9 +104,3 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:
     return convert.session(worker, await worker.view())
-
-
-def _required(field: str, value: str) -> str:
-    if not value:
-        raise InvalidArgument(field, "is required")
-    return value

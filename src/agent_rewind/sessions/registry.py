@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,17 @@ from agent_rewind.errors import (
     WorkspaceOutsideRoot,
 )
 from agent_rewind.sessions.adapter import validate_options
-from agent_rewind.sessions.worker import ClientFactory, SessionWorker, WorkerContext, transcript_path
+from agent_rewind.sessions.worker import ClientFactory, SessionWorker, WorkerContext
 from agent_rewind.store.ledger import Ledger
+from agent_rewind.transcript.paths import transcript_path
 
 log = structlog.get_logger(__name__)
 
 
-def parse_uuid(field: str, value: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise InvalidArgument(field, f"must be a UUID, got {value!r}") from None
+def page_key(worker: SessionWorker) -> tuple[str, str]:
+    """A session's place in the newest-first listing: (create time in UTC ISO 8601, id)."""
+    created = worker.record.create_time.astimezone(UTC).isoformat(timespec="microseconds")
+    return created, worker.session_id
 
 
 class SessionRegistry:
@@ -63,11 +64,18 @@ class SessionRegistry:
             raise SessionNotFound(session_id)
         return worker
 
-    def list(self) -> list[SessionWorker]:
+    def all(self) -> list[SessionWorker]:
         """Newest first."""
-        return sorted(
-            self._workers.values(), key=lambda w: (w.record.create_time, w.session_id), reverse=True
-        )
+        return sorted(self._workers.values(), key=page_key, reverse=True)
+
+    def page(self, after: tuple[str, str] | None, size: int) -> tuple[list[SessionWorker], bool]:
+        """Up to `size` sessions, newest first, strictly after the key `after` (create time in ISO
+        8601, session id); and whether more follow. A keyset, so sessions created between two
+        pages neither repeat nor push others out of the next page."""
+        ordered = self.all()
+        if after is not None:
+            ordered = [w for w in ordered if page_key(w) < after]
+        return ordered[:size], len(ordered) > size
 
     def resolve_workspace(self, cwd: str, session_id: str) -> Path:
         """The absolute workspace for `cwd`, refused when it resolves outside every root."""
@@ -96,8 +104,9 @@ class SessionRegistry:
         checkpointing: bool,
         request_id: str,
     ) -> SessionWorker:
-        sid = parse_uuid("session_id", session_id) if session_id else str(uuid.uuid4())
-        rid = parse_uuid("request_id", request_id) if request_id else None
+        """`session_id` and `request_id` are canonical UUIDs or empty (the RPC layer checks them)."""
+        sid = session_id or str(uuid.uuid4())
+        rid = request_id or None
         validate_options(options)
         async with self._create_lock:
             if self._shutting_down:

@@ -26,11 +26,13 @@ from agent_rewind.errors import (
     ShuttingDown,
     TurnInFlight,
 )
-from agent_rewind.rewind.transcript import ConversationView, TranscriptIndex
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.events import FilesAnswer, PromptEvent, ResultEvent
 from agent_rewind.sessions.turn import Turn
 from agent_rewind.store.ledger import Anchor, Ledger, SessionRecord
+from agent_rewind.transcript.index import ConversationView, TranscriptIndex
+from agent_rewind.transcript.paths import exists as _exists
+from agent_rewind.transcript.paths import transcript_path
 
 log = structlog.get_logger(__name__)
 
@@ -59,24 +61,6 @@ class WorkerContext:
     cli_env: Mapping[str, str]
     claude_config_dir: Path
     idle_timeout: float
-
-
-def transcript_path(config_dir: Path, cwd: str, session_id: str) -> Path:
-    """Where the CLI writes a session's transcript (SDK-FACTS.md)."""
-    sanitized = "".join(c if c.isascii() and c.isalnum() else "-" for c in cwd)
-    path = config_dir / "projects" / sanitized / f"{session_id}.jsonl"
-    if _exists(path):
-        return path
-    found = sorted((config_dir / "projects").glob(f"*/{session_id}.jsonl"))
-    return found[0] if found else path
-
-
-def _exists(path: Path) -> bool:
-    """Like Path.exists, but a name too long for the file system simply does not exist."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
 
 
 class SessionWorker:

@@ -12,6 +12,7 @@ Every write is one transaction with synchronous=FULL: when a call returns, it is
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -60,6 +61,11 @@ CREATE TABLE IF NOT EXISTS rewinds (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS rewinds_request_id ON rewinds(request_id) WHERE request_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS rewinds_pending ON rewinds(state) WHERE state = 'pending';
+-- Deployment-wide secrets (e.g. the page-token signing key), made once.
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
 """
 
 
@@ -145,6 +151,19 @@ class Ledger:
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return list(self._db.execute(sql, args).fetchall())
+
+    def secret(self, name: str, size: int = 32) -> bytes:
+        """A random secret of the deployment, made on first use and the same ever after."""
+        self._write(
+            [
+                (
+                    "INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (name, os.urandom(size)),
+                )
+            ]
+        )
+        rows = self._rows("SELECT value FROM secrets WHERE name = ?", (name,))
+        return bytes(rows[0]["value"])
 
     # Sessions
 

@@ -28,7 +28,8 @@ from agent_rewind.sessions.events import (
     TurnEvent,
 )
 from agent_rewind.sessions.turn import Turn
-from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext, transcript_path
+from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
+from agent_rewind.transcript.paths import transcript_path
 from agent_rewind.store.ledger import Anchor, Ledger
 
 # Generous bound on anything that should happen "at once"; a hang fails instead of blocking.

@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent_rewind.rewind import TranscriptIndex
+from agent_rewind.transcript import TranscriptIndex
 
 
 def _prompt(uid: str, parent: str | None, text: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
-from agent_rewind.rewind.points import (
+from agent_rewind.transcript.entries import (
     FILE_CHECKPOINT_WINDOW,
     EntryKind,
     RewindPoint,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from agent_rewind.errors import NotARewindPoint
-from agent_rewind.rewind import EntryKind, classify
-from agent_rewind.rewind.points import PREVIEW_CHARS, RewindPoint, parse_timestamp, prompt_text
+from agent_rewind.transcript import EntryKind, classify
+from agent_rewind.transcript.entries import PREVIEW_CHARS, RewindPoint, parse_timestamp, prompt_text
 
 from .conftest import FIXTURES, Recorded
 

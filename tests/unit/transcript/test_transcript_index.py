@@ -13,9 +13,9 @@ from unittest import mock
 
 import pytest
 
-import agent_rewind.rewind.transcript as transcript_module
+import agent_rewind.transcript.index as transcript_module
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
-from agent_rewind.rewind import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, TranscriptIndex
+from agent_rewind.transcript import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, TranscriptIndex
 
 from .conftest import FIXTURES, Recorded
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent_rewind.rewind import TranscriptIndex
+from agent_rewind.transcript import TranscriptIndex
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "expected.json").exists())

@@ -1,6 +1,6 @@
 """What a rewind point is: the rules that tell a user's prompt from everything else in a transcript.
 
-Measured on transcripts written by Claude Code CLI 2.1.327 (tests/unit/rewind/data/, recorded by
+Measured on transcripts written by Claude Code CLI 2.1.327 (tests/unit/transcript/data/, recorded by
 scripts/record_transcripts.py). The CLI marks what it wrote itself, so these rules key on its
 markers, never on message text:
 
