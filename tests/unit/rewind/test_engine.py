@@ -19,8 +19,8 @@ from agent_rewind.rewind.engine import Mode, RewindEngine, RewindRequest
 from agent_rewind.sessions.adapter import AgentError, ClientSpec
 from agent_rewind.sessions.events import FilesAnswer, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
-from agent_rewind.transcript.paths import transcript_path
 from agent_rewind.store.ledger import Anchor, Ledger
+from agent_rewind.transcript.paths import transcript_path
 
 
 class FilesClient:

@@ -29,8 +29,8 @@ from agent_rewind.sessions.events import (
 )
 from agent_rewind.sessions.turn import Turn
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
-from agent_rewind.transcript.paths import transcript_path
 from agent_rewind.store.ledger import Anchor, Ledger
+from agent_rewind.transcript.paths import transcript_path
 
 # Generous bound on anything that should happen "at once"; a hang fails instead of blocking.
 SOON = 2.0
