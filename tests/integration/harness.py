@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,6 +25,9 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.server import RunningServer, start
 from agent_rewind.testing import RECALL_PREFIX
+from agent_rewind.testing.processes import cli_pids
+
+__all__ = ["cli_pids"]  # re-exported: tests find CLI processes through the harness
 
 RUNNING = session_pb2.SESSION_STATE_RUNNING
 FILES = rewind_pb2.REWIND_MODE_FILES
@@ -174,31 +176,6 @@ def transcript_entries(state_dir: Path, session_id: str) -> list[dict[str, Any]]
     files = list((state_dir / "claude" / "projects").glob(f"*/{session_id}.jsonl"))
     assert len(files) == 1, files
     return [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
-
-
-def cli_pids(marker: str) -> list[int]:
-    """Live Claude Code processes whose command line or environment mentions `marker`.
-
-    A session id appears in the command line (--session-id / --resume), a state dir in the
-    environment (CLAUDE_CONFIG_DIR).
-    """
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environ = (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        if "State:\tZ" in status:
-            continue
-        if "claude" not in cmdline or "agent-rewind" in cmdline or entry.name == str(os.getpid()):
-            continue
-        if marker in cmdline or marker in environ:
-            pids.append(int(entry.name))
-    return pids
 
 
 def read(path: Path) -> str | None:

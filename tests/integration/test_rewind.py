@@ -387,7 +387,7 @@ async def test_after_a_conversation_rewind_a_new_process_resumes_at_the_cut_in_t
     tmp_path: Path,
 ) -> None:
     from agent_rewind.api.v1 import session_pb2
-    from tests.integration.harness import cli_pids
+    from agent_rewind.testing.processes import cli_pids
 
     async with serve(tmp_path) as c:
         sid, _, ids = await _three_turns(c)

@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_rewind.api.v1 import session_service_pb2, session_service_pb2_grpc
-from tests.integration.harness import cli_pids
+from agent_rewind.testing.processes import cli_pids
 
 
 def _free_port() -> int:
@@ -26,6 +26,7 @@ def _free_port() -> int:
 async def test_sigterm_stops_serving_and_ends_every_cli_process(tmp_path: Path) -> None:
     port = _free_port()
     state = tmp_path / "state"
+    config_dir = state / "claude"
     cli = Path(sys.executable).parent / "agent-rewind"
     proc = await asyncio.create_subprocess_exec(
         str(cli),
@@ -57,19 +58,19 @@ async def test_sigterm_stops_serving_and_ends_every_cli_process(tmp_path: Path) 
                 session_service_pb2.PromptRequest(session_id=sessions[0].session_id, text="sleep 1\nsay end")
             )
             await asyncio.sleep(0.5)
-            assert cli_pids(str(state)), "CLI processes run before the signal"
+            assert cli_pids(config_dir=config_dir), "CLI processes run before the signal"
             proc.send_signal(signal.SIGTERM)
             # The running turn gets its grace period and completes.
             events = [e async for e in running]
             assert events[-1].result.subtype == "success"
         assert await asyncio.wait_for(proc.wait(), 30) == 0
         deadline = time.monotonic() + 5
-        while cli_pids(str(state)) and time.monotonic() < deadline:
+        while cli_pids(config_dir=config_dir) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert cli_pids(str(state)) == []
+        assert cli_pids(config_dir=config_dir) == []
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        for pid in cli_pids(str(state)):
+        for pid in cli_pids(config_dir=config_dir):
             os.kill(pid, signal.SIGKILL)

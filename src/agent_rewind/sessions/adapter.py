@@ -90,6 +90,11 @@ def sdk_version() -> str:
     return str(claude_agent_sdk.__version__)
 
 
+def cli_binary() -> Path:
+    """The Claude Code CLI the pinned SDK bundles: the only one the service runs."""
+    return Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+
+
 def cli_version() -> str:
     from claude_agent_sdk._cli_version import __cli_version__  # INTERNAL: the bundled CLI's version
 
@@ -197,6 +202,7 @@ def build_options(spec: ClientSpec) -> ClaudeAgentOptions:
     kwargs.setdefault("permission_mode", _DEFAULT_PERMISSION_MODE)
     allowed = frozenset(str(t) for t in kwargs.get("allowed_tools") or ())
     kwargs.update(
+        cli_path=str(cli_binary()),
         cwd=str(spec.cwd),
         enable_file_checkpointing=spec.checkpointing,
         # Replayed user messages carry the prompt's transcript uuid: the rewind point id.
