@@ -128,3 +128,32 @@ async def test_a_cli_that_cannot_start_raises_agent_error(tmp_path: Path, model:
     with pytest.raises(adapter.AgentError):
         await client.start()  # resuming a session that has no transcript
     assert not client.alive
+
+
+async def test_a_live_process_cuts_its_conversation_in_place(tmp_path: Path, model: ScriptedModel) -> None:
+    """The CLI's rewind_conversation control request: the service keeps the process after a cut."""
+    import json
+
+    client = SdkAgentClient(_spec(tmp_path, model))
+    await client.start()
+    try:
+        pid = client.pid
+        ids = []
+        for text in ("say one", "write a.txt two", "say three", "say four"):
+            events = await _turn(client, text)
+            ids.append(next(e.message_id for e in events if isinstance(e, PromptEvent)))
+        # Without naming the newest prompt it has seen, the CLI refuses all but the last one.
+        assert await client.rewind_conversation(ids[2], newest_prompt=ids[3]) == (
+            adapter.ConversationAnswer(True)
+        )
+        # A second cut before the next turn, further back, in the same process.
+        assert (await client.rewind_conversation(ids[1], newest_prompt=ids[1])).rewound
+        # A target it does not hold (a prompt already dropped) is refused with a reason.
+        refused = await client.rewind_conversation(ids[3], newest_prompt=ids[1])
+        assert not refused.rewound and refused.reason
+        events = await _turn(client, "recall")
+        recall = next(e.text for e in events if getattr(e, "text", "").startswith("RECALL"))
+        assert json.loads(recall.removeprefix("RECALL: ")) == ["say one", "recall"]
+        assert client.pid == pid, "the same process"
+    finally:
+        await client.close()

@@ -383,22 +383,16 @@ async def test_subagent_messages_are_streamed_but_are_not_rewind_points(tmp_path
         assert await c.recall(sid) == [P0, "recall"]
 
 
-async def test_after_a_conversation_rewind_a_new_process_resumes_at_the_cut_in_the_background(
-    tmp_path: Path,
-) -> None:
-    from agent_rewind.api.v1 import session_pb2
+async def test_a_conversation_rewind_cuts_the_live_process_in_place(tmp_path: Path) -> None:
+    """No new process: the CLI drops the turns from the live one, so the next prompt finds it ready."""
     from agent_rewind.testing.processes import cli_pids
 
     async with serve(tmp_path) as c:
         sid, _, ids = await _three_turns(c)
         before = cli_pids(sid)
         assert len(before) == 1
-        await c.rewind(sid, ids[2], CONVERSATION)
-        await c.wait_for_state(sid, session_pb2.SESSION_STATE_IDLE)
-        for _ in range(100):
-            if not set(before) & set(cli_pids(sid)):
-                break
-            await asyncio.sleep(0.05)
-        after = cli_pids(sid)
-        assert len(after) == 1 and after != before, "the old process exited, one new process runs"
+        result = await c.rewind(sid, ids[2], CONVERSATION)
+        assert result.conversation.rewound
+        assert cli_pids(sid) == before, "the same process, and no second one"
         assert await c.recall(sid) == [P0, P1, "recall"]
+        assert cli_pids(sid) == before

@@ -288,8 +288,8 @@ class RewindEngine:
         final = RewindOutcome(record.rewind_id, files, conversation, last)
         self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor)
         if anchor is not None:
-            # The live process remembers the dropped turns; a new one resumes at the anchor.
-            worker.invalidate_client()
+            # The live process remembers the dropped turns: cut them there too.
+            await worker.cut_conversation(anchor.target_message_id)
         log.info(
             "rewind applied",
             rewind_id=record.rewind_id,

@@ -40,6 +40,7 @@ from claude_agent_sdk import (
 from agent_rewind.errors import InvalidArgument
 from agent_rewind.sessions.events import (
     AssistantEvent,
+    ConversationAnswer,
     FilesAnswer,
     PromptEvent,
     ResultEvent,
@@ -242,6 +243,8 @@ class AgentClient(Protocol):
 
     async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer: ...
 
+    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer: ...
+
     async def close(self) -> None: ...
 
 
@@ -426,6 +429,33 @@ class SdkAgentClient:
             skipped_links=int(answer.get("skippedLinks") or 0),
             error=str(answer.get("error") or ""),
         )
+
+    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
+        """Cuts the live process's conversation just before the prompt `target`, in place.
+
+        The CLI's `rewind_conversation` control request (INTERNAL: the SDK has no method for it)
+        drops `target` and everything after it from the process's memory in a few milliseconds,
+        so the session keeps its process instead of resuming in a new one. `newest_prompt` is the
+        newest prompt the service has seen; the CLI refuses when it holds a later one, or for any
+        other reason it names (then the caller resumes a new process at the cut instead). The CLI
+        also appends a marker of the cut to the transcript, which a plain resume after a crash
+        does not honour: the service's ledger stays the record of the cut.
+        """
+        query = getattr(self._client, "_query", None)  # INTERNAL: the control-protocol object
+        if query is None or not self.alive:
+            raise AgentError("the Claude Code process is not running")
+        request = {
+            "subtype": "rewind_conversation",
+            "target_message_uuid": target,
+            "last_seen_user_message_uuid": newest_prompt,
+        }
+        try:
+            answer = await query._send_control_request(request, timeout=30.0)  # INTERNAL
+        except Exception as err:
+            raise AgentError(f"rewind_conversation failed: {err}") from err
+        if answer.get("rewound") is True and answer.get("targetMessageUuid") in (None, target):
+            return ConversationAnswer(True)
+        return ConversationAnswer(False, str(answer.get("reason") or ""), str(answer.get("error") or ""))
 
     async def close(self) -> None:
         """Ends the CLI process; bounded in time, safe to call twice."""

@@ -66,3 +66,12 @@ class FilesAnswer:
     deletions: int = 0
     skipped_links: int = 0
     error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationAnswer:
+    """The CLI's answer to an in-place conversation rewind of its live process."""
+
+    rewound: bool
+    reason: str = ""  # the CLI's refusal reason (stale_target, turn_running, ...), "" when rewound
+    error: str = ""

@@ -27,7 +27,7 @@ from agent_rewind.errors import (
     TurnInFlight,
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
-from agent_rewind.sessions.events import FilesAnswer, PromptEvent, ResultEvent
+from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent
 from agent_rewind.sessions.turn import Turn
 from agent_rewind.store.ledger import Anchor, Ledger, SessionRecord
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
@@ -254,13 +254,26 @@ class SessionWorker:
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
-    def invalidate_client(self) -> None:
-        """The conversation changed under the client (a rewind).
+    async def cut_conversation(self, target: str) -> None:
+        """The conversation was cut just before the prompt `target` (a rewind). Call under the lock.
 
-        The process that remembers the dropped turns is let go at once, and a new one resuming
-        at the cut starts in the background once the caller releases the lock: the rewind does
-        not wait for it, and the next prompt (edit-and-resend is the common case) rarely does.
+        A live process still remembers the dropped turns. It is cut in place when the CLI agrees
+        (milliseconds, and the next prompt finds the process ready); otherwise it is let go and a
+        new one resuming at the cut starts in the background once the caller releases the lock.
+        A session without a live process needs nothing: its next start resumes at the cut.
         """
+        client = self._client
+        if client is None or not client.alive:
+            return
+        newest = self.transcript_view().points
+        try:
+            answer = await client.rewind_conversation(target, newest[-1].message_id if newest else target)
+        except AgentError as err:
+            answer = ConversationAnswer(False, "error", str(err))
+        if answer.rewound:
+            self._log.info("conversation cut in the live process", target=target)
+            return
+        self._log.info("cli refused the cut in place; resuming a new process", reason=answer.reason)
         self._drop_client()
         if not self.record.closed and not self._shutting_down:
             task = asyncio.create_task(self._prewarm(), name=f"prewarm-{self.session_id}")

@@ -105,9 +105,7 @@ def cli_pids(
 ) -> list[int]:
     """Pids of the live CLI processes (see `cli_processes`); only the session's when given."""
     return [
-        p.pid
-        for p in cli_processes(root, config_dir=config_dir)
-        if session_id is None or p.names(session_id)
+        p.pid for p in cli_processes(root, config_dir=config_dir) if session_id is None or p.names(session_id)
     ]
 
 

@@ -17,7 +17,7 @@ import pytest
 from agent_rewind.errors import AgentRewindError, AgentUnavailable, RewindConflict
 from agent_rewind.rewind.engine import Mode, RewindEngine, RewindRequest
 from agent_rewind.sessions.adapter import AgentError, ClientSpec
-from agent_rewind.sessions.events import FilesAnswer, TurnEvent
+from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.store.ledger import Anchor, Ledger
 from agent_rewind.transcript.paths import transcript_path
@@ -59,6 +59,9 @@ class FilesClient:
                 raise AgentError("the process died")
             self.applied.append(message_id)
         return FilesAnswer(can_rewind=True, files_changed=("a.txt",), insertions=1, deletions=1)
+
+    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
+        return ConversationAnswer(True)
 
     async def close(self) -> None:
         self._alive = False

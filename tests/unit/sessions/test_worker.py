@@ -22,6 +22,7 @@ from agent_rewind.errors import AgentUnavailable, ShuttingDown, TurnInFlight
 from agent_rewind.sessions.adapter import AgentError, ClientSpec
 from agent_rewind.sessions.events import (
     AssistantEvent,
+    ConversationAnswer,
     FilesAnswer,
     PromptEvent,
     ResultEvent,
@@ -56,6 +57,8 @@ class FakeClient:
         self.turn_gate: asyncio.Event | None = None  # the turn waits here after its prompt
         self.turn_error: AgentError | None = None  # raised after the prompt (and the gate)
         self.turn_cancelled = False
+        self.cut_answer = ConversationAnswer(True)  # what an in-place conversation cut answers
+        self.cuts: list[tuple[str, str]] = []
 
     @property
     def alive(self) -> bool:
@@ -102,6 +105,10 @@ class FakeClient:
 
     async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
         return FilesAnswer(can_rewind=True)
+
+    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
+        self.cuts.append((target, newest_prompt))
+        return self.cut_answer
 
     async def close(self) -> None:
         self.closed = True
@@ -818,3 +825,39 @@ async def test_a_listener_gone_while_the_cli_starts_does_not_lose_the_prompt(mak
     assert factory.last.prompts == ["keep me"]
     assert isinstance(events[-1], ResultEvent)
     assert worker.state == State.IDLE
+
+
+# Conversation cuts
+
+
+async def test_a_cut_the_live_process_accepts_keeps_the_process(make_worker: MakeWorker) -> None:
+    worker, factory = make_worker()
+    await collect(await within(worker.start_turn("first")))
+    client = factory.last
+    async with worker.exclusive():
+        await within(worker.cut_conversation("prompt-x"))
+    assert [t for t, _ in client.cuts] == ["prompt-x"]
+    assert worker.client_pid == client.pid and not client.closed
+    assert len(factory.clients) == 1
+
+
+async def test_a_cut_the_live_process_refuses_resumes_a_new_one_in_the_background(
+    make_worker: MakeWorker,
+) -> None:
+    worker, factory = make_worker()
+    await collect(await within(worker.start_turn("first")))
+    old = factory.last
+    old.cut_answer = ConversationAnswer(False, "turn_running", "busy")
+    async with worker.exclusive():
+        await within(worker.cut_conversation("prompt-x"))
+        assert old.closed or worker.client_pid is None, "let go at once"
+    await eventually(lambda: len(factory.clients) == 2 and factory.last.alive)
+    assert factory.last.spec.resume
+
+
+async def test_a_cut_without_a_live_process_starts_none(make_worker: MakeWorker) -> None:
+    worker, factory = make_worker()
+    async with worker.exclusive():
+        await within(worker.cut_conversation("prompt-x"))
+    await asyncio.sleep(0.05)
+    assert factory.clients == []
