@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from agent_rewind.sessions.adapter import cli_binary
@@ -43,10 +43,8 @@ def _idle_cli(config_dir: Path, argv0: str, *, detached: bool) -> Iterator[int]:
     try:
         yield pid
     finally:
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         if holder is not None:
             holder.wait()
 
