@@ -85,7 +85,9 @@ async def test_second_prompt_while_a_turn_runs_is_refused_with_turn_in_flight(tm
         assert result_of(await first).subtype == "success"
 
 
-async def test_interrupt_stops_the_running_turn(tmp_path: Path) -> None:
+async def test_interrupt_stops_the_running_turn_and_the_next_turn_runs_only_its_prompt(
+    tmp_path: Path,
+) -> None:
     async with serve(tmp_path) as c:
         sid = (await c.create()).session_id
         turn = asyncio.ensure_future(c.prompt(sid, "sleep 30\nsay never"))
@@ -95,8 +97,18 @@ async def test_interrupt_stops_the_running_turn(tmp_path: Path) -> None:
         result = result_of(events)
         assert result.interrupted
         assert not any(e.assistant_message.text == "never" for e in events)
-        # The session takes the next prompt.
-        assert result_of(await c.prompt(sid, "say after")).subtype == "success"
+        # The next turn runs its own prompt only: not the interrupted script again (whose
+        # 30 s sleep would make it slow), and the model sees both prompts, each once.
+        started = asyncio.get_running_loop().time()
+        after = await c.prompt(sid, "say after")
+        took = asyncio.get_running_loop().time() - started
+        assert [e.assistant_message.text for e in after if e.HasField("assistant_message")] == ["after"]
+        assert result_of(after).subtype == "success" and not result_of(after).interrupted
+        assert took < 15, f"the turn after the interrupt took {took:.1f} s: it re-ran the slept script"
+        assert await c.recall(sid) == ["sleep 30\nsay never", "say after", "recall"]
+        # The interrupted prompt stays a rewind point (API.md, Round 2 clarifications).
+        points = await c.points(sid)
+        assert [p.text for p in points.points] == ["sleep 30\nsay never", "say after", "recall"]
 
 
 async def test_a_turn_runs_on_when_its_caller_stops_listening(tmp_path: Path) -> None:

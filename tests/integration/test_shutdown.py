@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent_rewind.api.v1 import session_service_pb2, session_service_pb2_grpc
+from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.testing.processes import cli_pids
+from tests.integration.harness import error_info
 
 
 def _free_port() -> int:
@@ -54,15 +56,30 @@ async def test_sigterm_stops_serving_and_ends_every_cli_process(tmp_path: Path) 
             sessions = [
                 await stub.CreateSession(session_service_pb2.CreateSessionRequest()) for _ in range(2)
             ]
-            running = stub.Prompt(
-                session_service_pb2.PromptRequest(session_id=sessions[0].session_id, text="sleep 1\nsay end")
-            )
-            await asyncio.sleep(0.5)
-            assert cli_pids(config_dir=config_dir), "CLI processes run before the signal"
+            sid = sessions[0].session_id
+            running = stub.Prompt(session_service_pb2.PromptRequest(session_id=sid, text="sleep 2\nsay end"))
+            while (
+                await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=sid))
+            ).state != session_pb2.SESSION_STATE_RUNNING:
+                await asyncio.sleep(0.05)
+            assert len(cli_pids(config_dir=config_dir)) == 2, "one CLI process per session"
             proc.send_signal(signal.SIGTERM)
-            # The running turn gets its grace period and completes.
+            # Health turns NOT_SERVING at once, while the running turn has its grace period.
+            deadline = time.monotonic() + 10
+            while (
+                await health.Check(health_pb2.HealthCheckRequest(service="agent_rewind.v1.SessionService"))
+            ).status != health_pb2.HealthCheckResponse.NOT_SERVING:
+                assert time.monotonic() < deadline, "health never turned NOT_SERVING"
+                await asyncio.sleep(0.02)
+            # New work is refused while draining.
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.CreateSession(session_service_pb2.CreateSessionRequest())
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_info(refused.value).reason == "SHUTTING_DOWN"
+            # The running turn completes.
             events = [e async for e in running]
             assert events[-1].result.subtype == "success"
+            assert events[-2].assistant_message.text == "end"
         assert await asyncio.wait_for(proc.wait(), 30) == 0
         deadline = time.monotonic() + 5
         while cli_pids(config_dir=config_dir) and time.monotonic() < deadline:

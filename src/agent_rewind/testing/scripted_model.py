@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import select
+import socket
 import threading
 import time
 import uuid
@@ -24,6 +26,8 @@ _NOTHING_TO_DO = (
     "edit PATH OLD => NEW, bash COMMAND, read PATH, agent PROMPT, say TEXT, recall, sleep SECONDS."
 )
 _CWD_RE = re.compile(r"Primary working directory: ([^\n]+)")
+# How the CLI marks, in the next request, a turn the user interrupted.
+_INTERRUPTED = "[Request interrupted by user"
 
 
 @dataclass
@@ -47,29 +51,44 @@ def _is_reminder(block: Any) -> bool:
     )
 
 
-def prompt_text(message: dict[str, Any]) -> str | None:
-    """The user's own text in a request message, or None when it holds none.
+def _is_interruption(text: str) -> bool:
+    return text.lstrip().startswith(_INTERRUPTED)
 
-    Skips the CLI's `<system-reminder>` blocks and tool results.
+
+def prompts_in(message: dict[str, Any]) -> list[str]:
+    """The user's own prompts in one request message, oldest first; [] when it holds none.
+
+    Skips the CLI's `<system-reminder>` blocks and tool results. After an interrupted turn the
+    CLI sends the interrupted prompt, its "[Request interrupted by user]" marker and the next
+    prompt as text blocks of one message: each prompt is its own block, so each is its own
+    prompt here (the CLI ends a merged block with a newline of its own, which is dropped).
     """
     if message.get("role") != "user":
-        return None
+        return []
     content = message.get("content")
     if isinstance(content, str):
-        return None if content.lstrip().startswith("<system-reminder>") else content
+        skip = content.lstrip().startswith("<system-reminder>") or _is_interruption(content)
+        return [] if skip else [content]
     if not isinstance(content, list):
-        return None
-    texts = [
+        return []
+    blocks = [
         str(b.get("text", ""))
         for b in content
         if isinstance(b, dict) and b.get("type") == "text" and not _is_reminder(b)
     ]
-    return "\n".join(texts) if texts else None
+    merged = len(blocks) > 1
+    return [b.removesuffix("\n") if merged else b for b in blocks if not _is_interruption(b)]
+
+
+def prompt_text(message: dict[str, Any]) -> str | None:
+    """The newest prompt in a request message, or None when it holds none."""
+    prompts = prompts_in(message)
+    return prompts[-1] if prompts else None
 
 
 def visible_prompts(messages: list[dict[str, Any]]) -> list[str]:
     """Every user prompt the conversation in one request holds, oldest first."""
-    return [t for t in (prompt_text(m) for m in messages) if t is not None]
+    return [p for m in messages for p in prompts_in(m)]
 
 
 def _resolve(path: str, cwd: str | None) -> str:
@@ -247,6 +266,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _wait(self, seconds: float) -> bool:
+        """Sleeps `seconds` unless the client closes the connection first; False if it did."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.05))
+            if readable:
+                try:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        return False
+                except OSError:
+                    return False
+        return True
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the CLI gave up on a request (an interrupt, a closed process)
+
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         try:
@@ -265,8 +303,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.record(request)
         reply = answer(request)
-        if reply.sleep > 0:
-            time.sleep(reply.sleep)
+        if reply.sleep > 0 and not self._wait(reply.sleep):
+            self.close_connection = True
+            return  # the CLI hung up (an interrupt): nobody reads the answer
         model = str(request.get("model") or "scripted")
         if not request.get("stream"):
             self._send_json(

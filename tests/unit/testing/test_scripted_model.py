@@ -170,6 +170,34 @@ def test_recall_lists_every_visible_prompt_oldest_first() -> None:
     ]
 
 
+def _after_an_interrupt(interrupted: str, prompt: str) -> dict[str, Any]:
+    """How the CLI sends the prompt after an interrupted turn: both prompts and the marker in one
+    user message, the interrupted prompt ending in a newline of the CLI's own."""
+    return {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": REMINDER},
+            {"type": "text", "text": interrupted + "\n"},
+            {"type": "text", "text": "[Request interrupted by user]\n"},
+            {"type": "text", "text": prompt},
+        ],
+    }
+
+
+def test_the_turn_after_an_interrupt_runs_only_its_own_prompt() -> None:
+    reply = answer(request(user_prompt("say one"), _after_an_interrupt("sleep 30\nsay never", "say after")))
+    assert text_of(reply) == "after" and reply.sleep == 0
+
+
+def test_recall_after_an_interrupt_lists_each_prompt_once() -> None:
+    reply = answer(request(user_prompt("say one"), _after_an_interrupt("sleep 30\nsay never", "recall")))
+    assert json.loads(text_of(reply).removeprefix(RECALL_PREFIX)) == [
+        "say one",
+        "sleep 30\nsay never",
+        "recall",
+    ]
+
+
 def test_a_prompt_given_as_a_plain_string_counts() -> None:
     reply = answer(request({"role": "user", "content": "say plain"}))
 
@@ -412,6 +440,33 @@ def test_a_sleeping_request_does_not_block_others(model: ScriptedModel) -> None:
     slow.join()
 
     assert elapsed < 0.9
+
+
+def test_a_sleeping_answer_is_dropped_when_the_client_hangs_up(model: ScriptedModel) -> None:
+    import socket
+
+    body = json.dumps(turn("sleep 30\nsay late", stream=True)).encode()
+    host, port = model.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.2)
+    started = time.monotonic()
+    # The thread that held the request is free again long before the 30 s sleep ends: the
+    # server answers others, and stops promptly.
+    post(f"{model.base_url}/v1/messages", turn("say quick"))
+
+    def handlers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if "process_request_thread" in t.name]
+
+    deadline = time.monotonic() + 5
+    while handlers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handlers() == [], "the sleeping request's thread ended"
+    assert time.monotonic() - started < 5
 
 
 def test_stop_returns_even_if_never_started() -> None:
