@@ -8,6 +8,7 @@ the language is documented in docs/scripted-model.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import select
@@ -280,10 +281,9 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def handle(self) -> None:
-        try:
+        # The CLI gives up on a request when a turn is interrupted or its process closes.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             super().handle()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the CLI gave up on a request (an interrupt, a closed process)
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
