@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent_rewind.api.v1 import rewind_service_pb2
 from tests.integration.harness import (
     BOTH,
     CONVERSATION,
@@ -276,7 +277,10 @@ async def test_checkpoints_older_than_the_window_are_refused_as_unavailable(tmp_
             ids.append(prompt_id(await c.prompt(sid, f"say {n}")))
         points = await c.all_points(sid)
         assert len(points) == 103
-        assert not points[0].files_rewindable and points[-1].files_rewindable
+        # Exactly the 100 newest: the boundary as the points report it and as the CLI answers.
+        assert [p.files_rewindable for p in points] == [False] * 3 + [True] * 100
+        assert not (await c.dry_run(sid, ids[2], FILES)).files.can_rewind
+        assert (await c.dry_run(sid, ids[3], FILES)).files.can_rewind
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.rewind(sid, ids[0], FILES)
         info = error_info(err.value)
@@ -396,3 +400,110 @@ async def test_a_conversation_rewind_cuts_the_live_process_in_place(tmp_path: Pa
         assert cli_pids(sid) == before, "the same process, and no second one"
         assert await c.recall(sid) == [P0, P1, "recall"]
         assert cli_pids(sid) == before
+
+
+async def test_a_both_rewind_whose_conversation_half_is_refused_restores_no_file(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        before = await c.points(sid)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, ids[0], BOTH)  # the files half alone could be applied
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(err.value).reason == "NO_CONVERSATION_ANCHOR"
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v2\n", "bee\n", "sea\n")
+        assert await c.points(sid) == before
+
+
+async def test_points_are_paged_by_their_tokens(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        ids = [prompt_id(await c.prompt(sid, f"say {n}")) for n in range(5)]
+        seen: list[str] = []
+        request = rewind_service_pb2.ListRewindPointsRequest(session_id=sid, page_size=2)
+        pages = 0
+        while True:
+            page = await c.rewinds.ListRewindPoints(request)
+            pages += 1
+            seen += [p.message_id for p in page.points]
+            if not page.next_page_token:
+                break
+            request = rewind_service_pb2.ListRewindPointsRequest(
+                session_id=sid, page_size=2, page_token=page.next_page_token
+            )
+        assert (seen, pages) == (ids, 3)
+        # A token is bound to its list: another session's listing refuses it.
+        other = (await c.create()).session_id
+        token = (await c.points(sid, page_size=2)).next_page_token
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewinds.ListRewindPoints(
+                rewind_service_pb2.ListRewindPointsRequest(session_id=other, page_token=token)
+            )
+        assert error_info(err.value).reason == "INVALID_ARGUMENT"
+        assert error_info(err.value).metadata["field"] == "page_token"
+
+
+async def test_messages_dropped_counts_every_visible_message_of_the_dropped_turns(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        await c.prompt(sid, P0)
+        dropped_turns = [await c.prompt(sid, P1), await c.prompt(sid, P2)]
+        # Every message a turn streams (prompt, assistant messages, tool results) is a message
+        # of the conversation; the result is not.
+        streamed = {e.message_id for events in dropped_turns for e in events if e.message_id}
+        dry = await c.dry_run(sid, prompt_id(dropped_turns[0]), CONVERSATION)
+        assert dry.conversation.messages_dropped == len(streamed)
+        result = await c.rewind(sid, prompt_id(dropped_turns[0]), BOTH)
+        assert result.conversation.messages_dropped == len(streamed)
+
+
+async def test_not_a_rewind_point_names_what_the_message_is(tmp_path: Path) -> None:
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid = session.session_id
+        await c.prompt(sid, P0)
+        events = await c.prompt(sid, "write d.txt dee\nagent say from the subagent")
+        kinds = {
+            "tool_result": next(e.message_id for e in events if e.HasField("tool_result")),
+            "subagent_message": next(
+                e.message_id for e in events if e.parent_tool_use_id and e.HasField("user_prompt")
+            ),
+            "assistant_message": next(
+                e.message_id for e in events if e.HasField("assistant_message") and not e.parent_tool_use_id
+            ),
+        }
+        for kind, message_id in kinds.items():
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.rewind(sid, message_id, FILES)
+            info = error_info(err.value)
+            assert (err.value.code(), info.reason, info.metadata["kind"]) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "NOT_A_REWIND_POINT",
+                kind,
+            ), message_id
+
+
+async def test_a_crash_after_the_files_half_is_finished_without_restoring_the_files_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rewind.store.ledger import Ledger
+
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        rid = str(uuid.uuid4())
+
+        def crash(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("simulated crash after the files half")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Ledger, "complete_rewind", crash)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await c.rewind(sid, ids[1], BOTH, request_id=rid)
+        assert read(cwd / "a.txt") == "v0\n"
+    # Someone edits a restored file while the service is down.
+    (cwd / "a.txt").write_text("edited by hand\n")
+    async with serve(tmp_path) as c:
+        again = await c.rewind(sid, ids[1], BOTH, request_id=rid)
+        assert again.conversation.rewound
+        assert read(cwd / "a.txt") == "edited by hand\n", "recovery did not restore the files a second time"

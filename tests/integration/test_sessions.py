@@ -209,7 +209,18 @@ async def test_cwd_outside_the_workspace_roots_is_refused(tmp_path: Path) -> Non
     async with serve(tmp_path / "state") as c:
         root = tmp_path / "state" / "workspaces"
         (root / "link").symlink_to(outside)
-        for cwd in (str(outside), str(root / ".." / ".." / "outside"), str(root / "link"), "../../outside"):
+        # A sibling whose name starts like the root is outside it (no string-prefix match).
+        evil = tmp_path / "state" / "workspaces-evil"
+        evil.mkdir()
+        for cwd in (
+            str(outside),
+            str(root / ".." / ".." / "outside"),
+            str(root / "link"),
+            "../../outside",
+            str(evil),
+            str(evil / "proj"),
+            "../workspaces-evil",
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.create(cwd=cwd)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, cwd
@@ -363,3 +374,30 @@ async def test_a_retried_prompt_with_its_request_id_reattaches_to_the_same_turn(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.prompt_events(sid, "say other", rid)
         assert error_info(err.value).reason == "REQUEST_ID_REUSED"
+
+
+async def test_file_tools_cannot_reach_outside_the_workspace(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret\n")
+    async with serve(tmp_path / "state") as c:
+        session = await c.create()
+        cwd = Path(session.cwd)
+        (cwd / "link").symlink_to(outside)
+        attempts = {
+            f"write {outside}/abs.txt x": outside / "abs.txt",
+            "write ../escape.txt x": cwd.parent / "escape.txt",
+            "write link/through-link.txt x": outside / "through-link.txt",
+        }
+        for prompt, target in attempts.items():
+            events = await c.prompt(session.session_id, prompt)
+            results = [e.tool_result for e in events if e.HasField("tool_result")]
+            assert results and all(r.is_error for r in results), prompt
+            assert not target.exists(), prompt
+        for prompt in (f"read {outside}/secret.txt", "read link/secret.txt"):
+            events = await c.prompt(session.session_id, prompt)
+            results = [e.tool_result for e in events if e.HasField("tool_result")]
+            assert results and results[0].is_error and "secret" not in results[0].content, prompt
+        # Inside the workspace the same tools work.
+        await c.prompt(session.session_id, "write inside.txt ok")
+        assert read(cwd / "inside.txt") == "ok\n"
