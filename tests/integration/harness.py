@@ -26,6 +26,7 @@ from agent_rewind.config import Config
 from agent_rewind.server import RunningServer, start
 from agent_rewind.testing import RECALL_PREFIX
 from agent_rewind.testing.processes import cli_pids
+from agent_rewind.testing.server_process import ServerProcess
 
 __all__ = ["cli_pids"]  # re-exported: tests find CLI processes through the harness
 
@@ -50,7 +51,7 @@ def test_config(state_dir: Path, **overrides: Any) -> Config:
 
 @dataclass
 class Client:
-    running: RunningServer
+    running: RunningServer | None  # None for a server in another process (ServerProcess)
     channel: grpc.aio.Channel
     sessions: session_service_pb2_grpc.SessionServiceStub
     rewinds: rewind_service_pb2_grpc.RewindServiceStub
@@ -135,6 +136,12 @@ async def serve(state_dir: Path, **overrides: Any) -> AsyncIterator[Client]:
     finally:
         await channel.close()
         await running.stop(grace=2)
+
+
+def client_of(server: ServerProcess) -> Client:
+    """A Client for a server running in another process (after each start: the address changes)."""
+    assert server.channel is not None and server.sessions is not None and server.rewinds is not None
+    return Client(None, server.channel, server.sessions, server.rewinds)
 
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:

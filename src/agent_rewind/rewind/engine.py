@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from agent_rewind import faults
 from agent_rewind.errors import (
     AgentRewindError,
     CheckpointingDisabled,
@@ -213,6 +214,7 @@ class RewindEngine:
         for half in (plan.files, plan.conversation):
             if half.refusal is not None:
                 raise RefusedHalf(half.refusal)
+        faults.point("rewind.planned")
         rewind_id = str(uuid.uuid4())
         anchor = None
         if req.mode.conversation:
@@ -239,6 +241,7 @@ class RewindEngine:
             },
             principal=req.principal,
         )
+        faults.point("rewind.intent_recorded")
         log.info(
             "rewind intent recorded", rewind_id=rewind_id, session_id=worker.session_id, mode=req.mode.value
         )
@@ -266,7 +269,9 @@ class RewindEngine:
             except BaseException:
                 self._ledger.abandon_rewind(record.rewind_id)
                 raise
+            faults.point("rewind.files_restored")
             self._ledger.mark_files_applied(record.rewind_id)
+            faults.point("rewind.files_recorded")
             files = FilesHalf(
                 True, True, files.files_changed, files.insertions, files.deletions, answer.skipped_links
             )
@@ -287,6 +292,7 @@ class RewindEngine:
             last = worker.view_at(anchor.anchor_uuid).last_message_id
         final = RewindOutcome(record.rewind_id, files, conversation, last)
         self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor)
+        faults.point("rewind.completed")
         if anchor is not None:
             # The live process remembers the dropped turns: cut them there too.
             await worker.cut_conversation(anchor.target_message_id)

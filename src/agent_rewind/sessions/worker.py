@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from agent_rewind import faults
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -346,6 +347,7 @@ class SessionWorker:
         error: AgentRewindError | None = None
         locked = False
         try:
+            faults.point("turn.accepted")
             await self.lock.acquire()
             locked = True
             self._cancel_idle_timer()
@@ -355,14 +357,18 @@ class SessionWorker:
                 self.record = _replace(self.record, closed=False)
             await client.send_prompt(turn.text)
             turn.sent = True
+            faults.point("turn.prompt_sent")
             if self._interrupt_pending:
                 turn.interrupted = True
                 await client.interrupt()
             async for event in client.receive_turn():
                 if isinstance(event, PromptEvent) and not event.parent_tool_use_id and not turn.prompt_id:
                     turn.prompt_id = event.message_id
-                if isinstance(event, ResultEvent) and turn.interrupted:
-                    event = _replace(event, interrupted=True)
+                    faults.point("turn.prompt_recorded")
+                if isinstance(event, ResultEvent):
+                    faults.point("turn.result")
+                    if turn.interrupted:
+                        event = _replace(event, interrupted=True)
                 await turn.publish(event)
         except AgentRewindError as err:  # the CLI did not start, or the server is stopping
             error = err
@@ -384,6 +390,7 @@ class SessionWorker:
                 self.update_time = self._ctx.ledger.touch_session(self.session_id)
                 with contextlib.suppress(Exception):
                     await self.view()
+                faults.point("turn.recorded")
             await turn.finish(error)
             if locked:
                 self.lock.release()
