@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -224,3 +225,11 @@ async def test_abort_internal_sends_internal() -> None:
     assert context.status.code == grpc.StatusCode.INTERNAL
     info, _ = _details(_details_bin(context.status))
     assert info.reason == "INTERNAL"
+
+
+def test_the_errors_page_lists_every_reason_with_the_status_served() -> None:
+    page = (contract.ROOT / "docs" / "errors.md").read_text()
+    rows = {reason: status for status, reason in re.findall(r"^\| `([A-Z_]+)` \| `([A-Z_]+)` \|", page, re.M)}
+    assert rows.keys() == EXPECTED.keys(), "docs/errors.md must list exactly the reasons the service maps"
+    wrong = {r: s for r, s in rows.items() if getattr(code_pb2, s) != EXPECTED[r]}
+    assert not wrong, f"docs/errors.md gives another status than the service serves: {wrong}"
