@@ -16,6 +16,7 @@ from typing import TextIO
 
 import grpc
 
+from agent_rewind import config
 from agent_rewind.api.v1 import rewind_pb2
 from agent_rewind.client import (
     MODES,
@@ -34,7 +35,6 @@ from agent_rewind.client import (
     resolve_server,
     to_json,
 )
-from agent_rewind.config import add_arguments, from_arguments
 
 PROG = "agent-rewind"
 EXIT_RPC_ERROR = 1
@@ -121,7 +121,7 @@ def _session_interrupt(args: argparse.Namespace, client: Client, out: TextIO) ->
 
 def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     text = read_prompt_text(args.text)
-    stream = client.prompt(args.session_id, text)
+    stream = client.prompt(args.session_id, text, request_id=args.request_id or "")
     try:
         outcome = follow_turn(stream, out, json_lines=args.json)
     except KeyboardInterrupt:
@@ -225,9 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = _client_options(top_level=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    serve = commands.add_parser("serve", help="run the gRPC service", description="Run the gRPC service.")
-    add_arguments(serve)
-    serve.set_defaults(handler=None, subparser=serve)
+    # Only a placeholder: `main` hands everything after `serve` to the serve flags' own parser
+    # (agent_rewind.config), built only for `serve`, so that its environment fallbacks, and any
+    # bad value among them, never touch the client commands.
+    commands.add_parser("serve", help="run the gRPC service (`serve --help` for its flags)", add_help=False)
 
     session = commands.add_parser("session", help="create, list, show, close or interrupt sessions")
     session_commands = session.add_subparsers(dest="session_command", metavar="ACTION", required=True)
@@ -265,6 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prompt.add_argument("session_id", metavar="SESSION")
     prompt.add_argument("text", metavar="TEXT", help="the prompt, or - to read it from stdin")
+    prompt.add_argument(
+        "--request-id",
+        metavar="UUID",
+        help="a retry with the same id re-attaches to the turn it started instead of running another",
+    )
 
     points = _command(commands, "points", _points, "list a session's rewind points, oldest first", common)
     points.add_argument("session_id", metavar="SESSION")
@@ -291,11 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
 # --- entry point --------------------------------------------------------------------------------
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(argv: Sequence[str]) -> int:
+    settings = config.parse_args(argv, prog=f"{PROG} serve")  # exits 2 on a bad flag or variable
     # Imported here so the client commands work without the server's dependencies loaded.
     from agent_rewind.server import run
 
-    return int(run(from_arguments(args)))
+    return int(run(settings))
 
 
 def _tolerant_stdout() -> None:
@@ -307,9 +314,11 @@ def _tolerant_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.handler is None:
-        return _serve(args)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        return _serve(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     _tolerant_stdout()
     server = resolve_server(args.server)
     try:

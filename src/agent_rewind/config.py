@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 ModelBackend = Literal["auto", "offline", "anthropic"]
 
@@ -62,51 +64,217 @@ class Config:
         return self.workspace_roots[0] if self.workspace_roots else self.state_dir / "workspaces"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `serve` flags. Each has an AGENT_REWIND_* environment fallback."""
-    env = os.environ.get
-    parser.add_argument(
-        "--listen", default=env("AGENT_REWIND_LISTEN", DEFAULT_LISTEN), help="host:port to serve on"
-    )
-    parser.add_argument(
+# --- the `serve` flags ---------------------------------------------------------------------------
+
+ENV_PREFIX = "AGENT_REWIND_"
+# How a yes/no flag's variable may say yes or no (any case).
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def seconds(text: str) -> float:
+    """A duration flag's value: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more: {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One `serve` flag, declared once: its argparse argument, its environment fallback and its help.
+
+    The flag sets the Config field `config_field`. When the flag is not given, its environment
+    variable (AGENT_REWIND_ + the flag's name, unless `env` says otherwise) is read and checked by
+    the flag's own argparse argument, so it gets the same conversion, the same choices and the same
+    messages; an empty variable counts as unset. Without either, the Config field keeps its default,
+    which the help shows (or `default_help`, when that reads better).
+    """
+
+    name: str
+    config_field: str
+    help: str
+    convert: Callable[[str], Any] = str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    # action="append"; the environment form holds several values separated by os.pathsep.
+    repeatable: bool = False
+    # A yes/no flag: --name and --no-name, taking no value; its variable says true or false.
+    switch: bool = False
+    env: str = ""
+    default_help: str = ""
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    @property
+    def env_var(self) -> str:
+        return self.env or ENV_PREFIX + self.dest.upper()
+
+    def default_text(self) -> str:
+        if self.default_help:
+            return self.default_help
+        value = getattr(Config(), self.config_field)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def help_text(self) -> str:
+        form = f", several separated by {os.pathsep!r}" if self.repeatable else ""
+        form += ", true or false" if self.switch else ""
+        text = f"{self.help} (env {self.env_var}{form}, default {self.default_text()})"
+        return text.replace("%", "%%")  # argparse formats help with %
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """The argparse argument. Its default is None, so an absent flag can fall back to the environment."""
+        if self.switch:
+            parser.add_argument(
+                self.name,
+                dest=self.dest,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=self.help_text(),
+            )
+            return
+        parser.add_argument(
+            self.name,
+            dest=self.dest,
+            action="append" if self.repeatable else "store",
+            type=self.convert,
+            choices=self.choices,
+            metavar=self.metavar,
+            default=None,
+            help=self.help_text(),
+        )
+
+    def from_environment(self, environ: Mapping[str, str]) -> Any:
+        """The environment variable's value as the flag would parse it; None when unset or empty.
+
+        Raises argparse.ArgumentError naming the variable when the flag would refuse the value.
+        """
+        text = environ.get(self.env_var, "")
+        if not text:
+            return None
+        if self.switch:
+            if text.strip().lower() not in _TRUE + _FALSE:
+                raise self._env_error(f"invalid boolean value: {text!r} (use true or false)")
+            argv = [self.name if text.strip().lower() in _TRUE else "--no-" + self.name.removeprefix("--")]
+        else:
+            values = [v for v in text.split(os.pathsep) if v] if self.repeatable else [text]
+            argv = [f"{self.name}={v}" for v in values]
+        # The flag's own argument parses the value: nothing to keep in step with the command line.
+        probe = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+        self.add_to(probe)
+        try:
+            parsed = probe.parse_args(argv)
+        except argparse.ArgumentError as err:
+            raise self._env_error(err.message) from None
+        return getattr(parsed, self.dest)
+
+    def _env_error(self, message: str) -> argparse.ArgumentError:
+        return argparse.ArgumentError(None, f"environment variable {self.env_var} ({self.name}): {message}")
+
+
+SERVE_FLAGS: tuple[Flag, ...] = (
+    Flag("--listen", "listen", "the host:port to serve gRPC on", metavar="HOST:PORT"),
+    Flag(
         "--state-dir",
-        default=env("AGENT_REWIND_STATE_DIR", "var"),
-        help="where the service and its CLI processes keep all state (default ./var)",
-    )
-    parser.add_argument(
+        "state_dir",
+        "where the service and its CLI processes keep all state: ledger, transcripts, file backups",
+        convert=Path,
+        metavar="DIR",
+        default_help="./var",
+    ),
+    Flag(
         "--workspace-root",
-        action="append",
-        default=None,
-        help="a directory session workspaces must live under (repeatable; default <state-dir>/workspaces)",
-    )
-    parser.add_argument(
+        "workspace_roots",
+        "a directory session workspaces must resolve under; repeatable",
+        convert=Path,
+        metavar="DIR",
+        repeatable=True,
+        env="AGENT_REWIND_WORKSPACE_ROOTS",
+        default_help="workspaces/ in the state dir",
+    ),
+    Flag(
         "--model",
-        choices=["auto", "offline", "anthropic"],
-        default=env("AGENT_REWIND_MODEL", "auto"),
-        help="anthropic: the real API (needs ANTHROPIC_API_KEY); offline: the built-in scripted model; "
-        "auto: anthropic when a key is set, else offline",
-    )
-    parser.add_argument(
-        "--shutdown-grace", type=float, default=float(env("AGENT_REWIND_SHUTDOWN_GRACE", "10"))
-    )
-    parser.add_argument("--idle-timeout", type=float, default=float(env("AGENT_REWIND_IDLE_TIMEOUT", "300")))
-    parser.add_argument(
-        "--log-format", choices=["auto", "json", "console"], default=env("AGENT_REWIND_LOG_FORMAT", "auto")
-    )
-    parser.add_argument("--log-level", default=env("AGENT_REWIND_LOG_LEVEL", "info"))
+        "model",
+        "anthropic: the real API (needs ANTHROPIC_API_KEY); offline: the built-in scripted model; "
+        "auto: anthropic when ANTHROPIC_API_KEY is set, else offline",
+        choices=("auto", "offline", "anthropic"),
+    ),
+    Flag(
+        "--shutdown-grace",
+        "shutdown_grace",
+        "seconds running turns get to finish when the service is told to stop: SIGTERM, SIGINT",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
+        "--idle-timeout",
+        "idle_timeout",
+        "seconds an idle session keeps its CLI process before it hibernates, 0 for never; it resumes on demand",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
+        "--log-format",
+        "log_format",
+        "json, console, or auto: console when stderr is a terminal, else json",
+        choices=("auto", "json", "console"),
+    ),
+    Flag(
+        "--log-level",
+        "log_level",
+        "the least severe level logged, in any case",
+        convert=str.lower,
+        choices=("debug", "info", "warning", "error", "critical"),
+    ),
+)
 
 
-def from_arguments(ns: argparse.Namespace) -> Config:
-    roots = ns.workspace_root
-    if not roots and os.environ.get("AGENT_REWIND_WORKSPACE_ROOTS"):
-        roots = os.environ["AGENT_REWIND_WORKSPACE_ROOTS"].split(os.pathsep)
-    return Config(
-        state_dir=Path(ns.state_dir),
-        workspace_roots=tuple(Path(r) for r in roots or ()),
-        listen=ns.listen,
-        model=ns.model,
-        shutdown_grace=ns.shutdown_grace,
-        idle_timeout=ns.idle_timeout,
-        log_format=ns.log_format,
-        log_level=ns.log_level,
-    ).resolved()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `serve` flags. Reads no environment: `from_arguments` applies the fallbacks."""
+    for flag in SERVE_FLAGS:
+        flag.add_to(parser)
+
+
+def from_arguments(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """The Config from parsed `serve` flags, each absent one from its environment variable.
+
+    Raises argparse.ArgumentError, naming the variable, for an environment value the flag would refuse.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for flag in SERVE_FLAGS:
+        value = getattr(ns, flag.dest, None)
+        if value is None:
+            value = flag.from_environment(env)
+        if value is not None:
+            values[flag.config_field] = tuple(value) if flag.repeatable else value
+    return Config(**values).resolved()
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run the gRPC service. A flag not given falls back to its environment variable "
+        "(an empty one counts as unset), then to its default.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str], *, prog: str | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
+    """`serve`'s command line and environment as a Config. Exits 2, argparse-style, on a bad flag or variable."""
+    parser = build_parser(prog)
+    ns = parser.parse_args(list(argv))
+    try:
+        return from_arguments(ns, environ)
+    except argparse.ArgumentError as err:
+        parser.error(str(err))

@@ -207,6 +207,24 @@ def test_session_list_one_page_says_how_to_get_more(
     assert capsys.readouterr().out.splitlines()[-1] == "more: --page-token page2 (or --all)"
 
 
+def test_prompt_sends_the_request_id_given(server: tuple[str, Sessions, Rewinds]) -> None:
+    address, sessions, _ = server
+    request_id = "0b7e7c52-4d9e-4f55-9a39-2f1f5c3b8a10"
+    assert main(["--server", address, "prompt", SID, "say hello", "--request-id", request_id]) == 0
+    assert main(["--server", address, "prompt", "--request-id", request_id, SID, "say hello"]) == 0
+    assert [r.request_id for r in sessions.requests] == [request_id, request_id]
+
+
+def test_prompt_without_a_request_id_sends_a_fresh_one_each_time(
+    server: tuple[str, Sessions, Rewinds],
+) -> None:
+    address, sessions, _ = server
+    assert main(["--server", address, "prompt", SID, "say hello"]) == 0
+    assert main(["--server", address, "prompt", SID, "say hello"]) == 0
+    first, second = (r.request_id for r in sessions.requests)
+    assert first and second and first != second
+
+
 def test_prompt_streams_each_event_on_its_line(
     server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -319,6 +337,18 @@ def test_capabilities_json(server: tuple[str, Sessions, Rewinds], capsys: pytest
     caps = json.loads(capsys.readouterr().out)
     assert caps["modes"] == ["REWIND_MODE_BOTH"]
     assert caps["dry_run"] is True
+
+
+def test_a_malformed_serve_variable_does_not_touch_client_commands(
+    server: tuple[str, Sessions, Rewinds], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only `serve` reads these; a bad one must not break the commands that never use it.
+    monkeypatch.setenv("AGENT_REWIND_IDLE_TIMEOUT", "abc")
+    monkeypatch.setenv("AGENT_REWIND_SHUTDOWN_GRACE", "soon")
+    monkeypatch.setenv("AGENT_REWIND_MODEL", "offlin")
+    address, _, _ = server
+    assert main(["--server", address, "session", "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "more: --page-token page2 (or --all)"
 
 
 def test_unreachable_server_exits_1_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:

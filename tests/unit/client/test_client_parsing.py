@@ -185,7 +185,13 @@ def test_a_bad_option_exits_2_before_any_call(capsys: pytest.CaptureFixture[str]
     )
 
 
-def test_serve_takes_the_config_flags() -> None:
-    args = build_parser().parse_args(["serve", "--listen", "0.0.0.0:1", "--model", "offline"])
-    assert args.handler is None
-    assert (args.listen, args.model) == ("0.0.0.0:1", "offline")
+def test_prompt_arguments() -> None:
+    args = build_parser().parse_args(["prompt", "sid", "say hi", "--request-id", "r"])
+    assert (args.session_id, args.text, args.request_id) == ("sid", "say hi", "r")
+    assert build_parser().parse_args(["prompt", "sid", "say hi"]).request_id is None
+
+
+def test_building_the_parser_reads_no_serve_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_REWIND_IDLE_TIMEOUT", "abc")
+    monkeypatch.setenv("AGENT_REWIND_MODEL", "offlin")
+    assert build_parser().parse_args(["capabilities"]).command == "capabilities"
