@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -31,22 +32,28 @@ class Config:
     connect_timeout: float = 60.0
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "info"
+    # Seconds a turn may ignore Interrupt before its CLI process is killed.
+    interrupt_timeout: float = 10.0
+    # Seconds a request id is remembered (a retry within it gets the first call's outcome).
+    request_id_retention: float = 7 * 24 * 3600.0
+    # Operator opt-ins beyond the default option allowlist (sessions/options.py).
+    allow_bypass_permissions: bool = False
+    allow_stdio_mcp: bool = False
+    mcp_hosts: tuple[str, ...] = ()
+    # Let the CLI read a workspace's .claude/ settings (hooks!): trusted workspaces only.
+    trust_project_settings: bool = False
+    # Seconds a ledger write waits for another writer (an operator's sqlite3 shell, a backup).
+    ledger_busy_timeout: float = 5.0
     # The environment the CLI processes see, beyond what the service sets itself.
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def resolved(self) -> Config:
         state = self.state_dir.expanduser().resolve()
         roots = self.workspace_roots or (state / "workspaces",)
-        return Config(
+        return dataclasses.replace(
+            self,
             state_dir=state,
             workspace_roots=tuple(r.expanduser().resolve() for r in roots),
-            listen=self.listen,
-            model=self.model,
-            shutdown_grace=self.shutdown_grace,
-            idle_timeout=self.idle_timeout,
-            connect_timeout=self.connect_timeout,
-            log_format=self.log_format,
-            log_level=self.log_level,
             extra_env=dict(self.extra_env),
         )
 
@@ -100,8 +107,9 @@ class Flag:
     convert: Callable[[str], Any] = str
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
-    # action="append"; the environment form holds several values separated by os.pathsep.
+    # action="append"; the environment form holds several values separated by `separator`.
     repeatable: bool = False
+    separator: str = os.pathsep
     # A yes/no flag: --name and --no-name, taking no value; its variable says true or false.
     switch: bool = False
     env: str = ""
@@ -124,7 +132,7 @@ class Flag:
         return f"{value:g}" if isinstance(value, float) else str(value)
 
     def help_text(self) -> str:
-        form = f", several separated by {os.pathsep!r}" if self.repeatable else ""
+        form = f", several separated by {self.separator!r}" if self.repeatable else ""
         form += ", true or false" if self.switch else ""
         text = f"{self.help} (env {self.env_var}{form}, default {self.default_text()})"
         return text.replace("%", "%%")  # argparse formats help with %
@@ -164,7 +172,7 @@ class Flag:
                 raise self._env_error(f"invalid boolean value: {text!r} (use true or false)")
             argv = [self.name if text.strip().lower() in _TRUE else "--no-" + self.name.removeprefix("--")]
         else:
-            values = [v for v in text.split(os.pathsep) if v] if self.repeatable else [text]
+            values = [v for v in text.split(self.separator) if v] if self.repeatable else [text]
             argv = [f"{self.name}={v}" for v in values]
         # The flag's own argument parses the value: nothing to keep in step with the command line.
         probe = argparse.ArgumentParser(add_help=False, exit_on_error=False)
@@ -219,6 +227,48 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "seconds an idle session keeps its CLI process before it hibernates, 0 for never; it resumes on demand",
         convert=seconds,
         metavar="S",
+    ),
+    Flag(
+        "--interrupt-timeout",
+        "interrupt_timeout",
+        "seconds a turn may ignore Interrupt (or CloseSession --force) before its CLI process is killed",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
+        "--request-id-retention",
+        "request_id_retention",
+        "seconds a request id is remembered: a retry within it gets the first call's outcome",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
+        "--allow-bypass-permissions",
+        "allow_bypass_permissions",
+        "let callers set permission_mode bypassPermissions (skips the service's tool policy)",
+        switch=True,
+    ),
+    Flag(
+        "--allow-stdio-mcp",
+        "allow_stdio_mcp",
+        "let callers configure stdio MCP servers (they run a command on this host)",
+        switch=True,
+    ),
+    Flag(
+        "--mcp-host",
+        "mcp_hosts",
+        "a host (or host:port) remote MCP servers of callers may be on; repeatable",
+        metavar="HOST",
+        repeatable=True,
+        separator=",",
+        env="AGENT_REWIND_MCP_HOSTS",
+        default_help="none",
+    ),
+    Flag(
+        "--trust-project-settings",
+        "trust_project_settings",
+        "let the CLI load a workspace's .claude/ settings, hooks and commands (trusted workspaces only)",
+        switch=True,
     ),
     Flag(
         "--log-format",

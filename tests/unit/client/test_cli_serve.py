@@ -146,7 +146,8 @@ def help_entries(text: str) -> dict[str, str]:
     """Each flag's entry under `options:`: from its name up to the next flag's."""
     body = text.split(" options: ", 1)[1]
     names = "|".join(re.escape(flag.name) for flag in serve_config.SERVE_FLAGS)
-    parts = re.split(rf"(?:^| )({names}) ", body)
+    # A yes/no flag's entry opens with both its forms: "--x, --no-x".
+    parts = re.split(rf"(?:^| )({names})(?:, --no-[a-z-]+)? ", body)
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
