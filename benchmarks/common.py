@@ -1,25 +1,123 @@
-"""Timing, reporting and machine facts shared by the benchmarks."""
+"""Timing, interleaving, targets, reports and machine facts shared by the benchmarks.
+
+Every comparison goes through `interleave`: the measures compared run once per round, in an
+order that reverses every other round, so a burst of load on the shared machine falls on both
+sides alike. A target is a ratio of two medians from the same rounds (`ratio_target`), or a
+bound on what the operating system reports (`Target` directly); never a figure typed in.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# What one run of a measure took: seconds (or any quantity) by row name, one value or several. A
+# measure may time several things (a rewind and the prompt right after it) and leave its set-up
+# untimed.
+Sample = Mapping[str, float | Sequence[float]]
+Measure = Callable[[], Awaitable[Sample]]
+
+
+class Samples(dict[str, list[float]]):
+    """Samples by row name, in the order they were taken."""
+
+    def add(self, sample: Sample) -> None:
+        for name, value in sample.items():
+            self.setdefault(name, []).extend([value] if isinstance(value, float | int) else value)
+
+    def med(self, name: str) -> float:
+        return median(self.get(name, []))
+
+    def n(self, name: str) -> int:
+        return len(self.get(name, []))
+
+    def spread(self, name: str) -> str:
+        got = self.get(name, [])
+        return f"{fmt_time(min(got))} - {fmt_time(max(got))}" if got else "-"
+
+
+async def interleave(
+    measures: Mapping[str, Measure],
+    rounds: int,
+    *,
+    budget_s: float = math.inf,
+    min_rounds: int = 3,
+    between: Callable[[], None] | None = None,
+) -> Samples:
+    """Runs every measure once per round, reversing their order every other round.
+
+    Rounds stop early once `budget_s` is spent and `min_rounds` are done, which bounds a
+    benchmark on a slow or busy machine without giving up its medians. `between` runs (untimed)
+    before each measure, e.g. a garbage collection so one measure's garbage is not collected
+    during the next one's timing.
+    """
+    samples = Samples()
+    names = list(measures)
+    deadline = time.monotonic() + budget_s
+    for i in range(rounds):
+        if i >= min_rounds and time.monotonic() > deadline:
+            break
+        for name in names if i % 2 == 0 else reversed(names):
+            if between is not None:
+                between()
+            samples.add(await measures[name]())
+    return samples
+
+
+async def timed(call: Awaitable[T]) -> tuple[T, float]:
+    """The result of an awaitable and the seconds it took."""
+    start = time.perf_counter()
+    result = await call
+    return result, time.perf_counter() - start
+
+
+def settle() -> None:
+    """Collects garbage, so one measure's leftovers are not collected during the next one."""
+    gc.collect()
 
 
 @dataclass(frozen=True)
 class Target:
-    """One speed target: what it says, whether it held, and the numbers behind the verdict."""
+    """One target: what it says, whether it held, and the numbers behind the verdict."""
 
     name: str
     passed: bool
     detail: str
+
+
+def ratio_target(
+    name: str,
+    numerator: float,
+    denominator: float,
+    *,
+    at_most: float | None = None,
+    at_least: float | None = None,
+    fmt: Callable[[float], str] | None = None,
+) -> Target:
+    """A target on the ratio of two medians: `numerator / denominator` within its bound(s)."""
+    show = fmt or fmt_time
+    ratio = numerator / denominator if denominator else math.nan
+    passed = not math.isnan(ratio)
+    bounds = []
+    if at_most is not None:
+        passed = passed and ratio <= at_most
+        bounds.append(f"at most {at_most:g}x")
+    if at_least is not None:
+        passed = passed and ratio >= at_least
+        bounds.append(f"at least {at_least:g}x")
+    detail = f"{show(numerator)} / {show(denominator)} = {fmt_ratio(ratio)} ({', '.join(bounds)})"
+    return Target(name, passed, detail)
 
 
 @dataclass
@@ -31,6 +129,8 @@ class Report:
     rows: list[list[str]] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Figures reported side by side with the targets, for information: no verdict.
+    infos: list[str] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""  # the benchmark could not finish: it counts as failed
 
@@ -38,24 +138,26 @@ class Report:
     def passed(self) -> bool:
         return not self.error and all(t.passed for t in self.targets)
 
-    def render(self) -> str:
-        out = [f"## {self.title}", ""]
+    def render(self, level: int = 2) -> str:
+        out = [f"{'#' * level} {self.title}", ""]
         if self.rows:
-            out += _markdown_table(self.columns, self.rows)
+            out += markdown_table(self.columns, self.rows)
             out.append("")
         for note in self.notes:
             out.append(f"- {note}")
         if self.notes:
             out.append("")
-        for t in self.targets:
-            out.append(f"{'PASS' if t.passed else 'FAIL'}  {t.name}: {t.detail}")
+        verdicts = [f"{'PASS' if t.passed else 'FAIL'}  {t.name}: {t.detail}" for t in self.targets]
+        verdicts += [f"INFO  {info}" for info in self.infos]
         if self.error:
-            out.append(f"FAIL  did not finish: {self.error}")
+            verdicts.append(f"FAIL  did not finish: {self.error}")
+        if verdicts:
+            out += ["```text", *verdicts, "```", ""]
         out.append(f"({self.seconds:.1f} s)")
         return "\n".join(out)
 
 
-def _markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
 
     def line(cells: Sequence[str]) -> str:
@@ -65,12 +167,12 @@ def _markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> li
 
 
 def median(samples: Sequence[float]) -> float:
-    return statistics.median(samples) if samples else float("nan")
+    return statistics.median(samples) if samples else math.nan
 
 
 def fmt_time(seconds: float) -> str:
     """A duration with a unit that keeps three significant digits readable."""
-    if seconds != seconds:  # NaN: nothing measured
+    if math.isnan(seconds):
         return "-"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
@@ -80,9 +182,11 @@ def fmt_time(seconds: float) -> str:
 
 
 def fmt_ratio(ratio: float) -> str:
-    if ratio != ratio:
+    if math.isnan(ratio):
         return "-"
-    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.2f}x"
+    if ratio >= 100:
+        return f"{ratio:,.0f}x"
+    return f"{ratio:.2f}x" if ratio >= 1 else f"{ratio:.2g}x"
 
 
 def fmt_bytes(n: float) -> str:
@@ -93,41 +197,13 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def interleaved(
-    measures: dict[str, Callable[[], float]], rounds: int, *, budget_s: float, min_rounds: int = 3
-) -> dict[str, list[float]]:
-    """Runs every measure once per round, alternating their order, and collects the samples.
-
-    Each measure returns the seconds of one sample (so it can leave its set-up untimed). Rounds
-    stop early once `budget_s` is spent and `min_rounds` are done, which bounds a benchmark on a
-    slow or busy machine without giving up its medians.
-    """
-    samples: dict[str, list[float]] = {name: [] for name in measures}
-    names = list(measures)
-    deadline = time.monotonic() + budget_s
-    for i in range(rounds):
-        if i >= min_rounds and time.monotonic() > deadline:
-            break
-        for name in names if i % 2 == 0 else reversed(names):
-            samples[name].append(measures[name]())
-    return samples
-
-
-def timed(fn: Callable[[], object], inner: int = 1) -> float:
-    """Seconds per call of `fn`, over `inner` calls in a row (for calls too short to time alone)."""
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - start) / inner
-
-
-def settle() -> None:
-    """Collects garbage between phases, so one phase's leftovers are not collected in the next."""
-    gc.collect()
+def fmt_kb(kb: float) -> str:
+    """Resident memory as /proc reports it (KB), in MB once it is that large."""
+    return f"{kb / 1024:.0f} MB" if kb >= 1024 else f"{kb:.0f} KB"
 
 
 def machine() -> dict[str, str]:
-    """Facts about the machine a run measured, for the table's heading."""
+    """Facts about the machine a run measured, for the report's heading."""
     model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

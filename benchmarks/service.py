@@ -1,16 +1,22 @@
 """The real gRPC server in this process, its clients, and the CLI processes it starts.
 
 Like tests/integration/harness.py: the offline scripted model, a state directory of the run's
-own, a free port, no idle hibernation (the benchmarks hibernate sessions themselves).
+own, a free port, no idle hibernation (the benchmarks hibernate sessions themselves, through
+the same call the idle timer makes). What runs is asked of the operating system
+(`agent_rewind.testing.processes`), never of the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
@@ -27,6 +33,8 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.logs import configure
 from agent_rewind.server import RunningServer, start
+from agent_rewind.store.ledger import Ledger
+from agent_rewind.testing.processes import cli_pids, cli_processes, rss_kb, tree_rss_kb
 from agent_rewind.transcript.paths import transcript_path
 
 Mode: TypeAlias = rewind_pb2.RewindMode.ValueType
@@ -52,6 +60,7 @@ class Client:
     running: RunningServer
     sessions: session_service_pb2_grpc.SessionServiceStub
     rewinds: rewind_service_pb2_grpc.RewindServiceStub
+    leftover: list[int] = field(default_factory=list)  # CLI processes alive after the server stopped
 
     async def create(self) -> session_pb2.Session:
         session: session_pb2.Session = await self.sessions.CreateSession(
@@ -84,12 +93,19 @@ class Client:
         )
         return result
 
-    def pid(self, session_id: str) -> int | None:
-        """The pid of the session's live CLI process, None when it has none."""
-        return self.running.registry.get(session_id).client_pid
+    async def points(
+        self, session_id: str, page_size: int, page_token: str = ""
+    ) -> rewind_service_pb2.ListRewindPointsResponse:
+        response: rewind_service_pb2.ListRewindPointsResponse = await self.rewinds.ListRewindPoints(
+            rewind_service_pb2.ListRewindPointsRequest(
+                session_id=session_id, page_size=page_size, page_token=page_token
+            )
+        )
+        return response
 
     async def hibernate(self, session_id: str) -> None:
-        """What the idle timer does: give the CLI process back. Returns once it has exited."""
+        """What the idle timer does: give the CLI process back (the server says when it is done;
+        what is left running is for the operating system to say, see `cli_snapshot`)."""
         await self.running.registry.get(session_id).hibernate()
 
     def transcript(self, session_id: str, cwd: str) -> Path:
@@ -98,67 +114,90 @@ class Client:
 
 @asynccontextmanager
 async def serve(state_dir: Path) -> AsyncIterator[Client]:
+    """The server, listening, with a client on its port; stopped on exit.
+
+    A stopped server must have ended every CLI process it started. Any left the moment the stop
+    returned (asked of the operating system) are in `Client.leftover`, which the memory benchmark
+    checks, and are killed, so they weigh on no measurement after.
+    """
     config = bench_config(state_dir)
     configure(config.log_format, config.log_level)
     running = await start(config)
     channel = grpc.aio.insecure_channel(running.address)
+    client = Client(
+        running,
+        session_service_pb2_grpc.SessionServiceStub(channel),
+        rewind_service_pb2_grpc.RewindServiceStub(channel),
+    )
     try:
-        yield Client(
-            running,
-            session_service_pb2_grpc.SessionServiceStub(channel),
-            rewind_service_pb2_grpc.RewindServiceStub(channel),
-        )
+        yield client
     finally:
         await channel.close()
         await running.stop(grace=2)
+        client.leftover = cli_pids(config_dir=config.claude_config_dir)
+        for pid in client.leftover:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if client.leftover:
+            print(f"CLI processes outlived their server, killed: {client.leftover}", file=sys.stderr)
 
 
-def rss_kb(pid: int | None) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process in KB; (0, 0) when there is no process (or it is a zombie)."""
-    if pid is None:
-        return 0, 0
+def register_session(state_dir: Path, session_id: str) -> tuple[str, Path]:
+    """Registers a session in the ledger of `state_dir` as if it had been created and started
+    there, so a server started on that state dir serves it. Call with no server running.
+
+    Returns its workspace and where the server will look for its transcript (write it there).
+    """
+    config = bench_config(state_dir)
+    cwd = config.default_workspace_root / session_id
+    cwd.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(config.ledger_path)
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0, 0
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    if fields.get("State", "").strip().startswith("Z"):
-        return 0, 0
-
-    def kb(name: str) -> int:
-        return int(fields.get(name, "0 kB").split()[0])
-
-    return kb("VmRSS"), kb("VmHWM")
+        ledger.add_session(session_id, str(cwd), {}, checkpointing=True, request_id=None)
+        ledger.touch_session(session_id, started=True)
+    finally:
+        ledger.close()
+    path = transcript_path(config.claude_config_dir, str(cwd), session_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return str(cwd), path
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (the CLI may start helpers of its own)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
+@dataclass(frozen=True)
+class CliSnapshot:
+    """The server's CLI processes, as /proc shows them at one instant."""
+
+    at: float  # seconds since the watch began
+    session_pids: tuple[int, ...]  # those whose command line names the session
+    session_rss_kb: int  # their VmRSS, with everything they started
+    session_hwm_kb: int  # their VmHWM (peak), the processes themselves
+    server_pids: tuple[int, ...]  # every CLI process of the server
+
+
+def cli_snapshot(c: Client, session_id: str, since: float | None = None) -> CliSnapshot:
+    """A server's CLI processes are those running the bundled binary with its CLAUDE_CONFIG_DIR,
+    below this process (where the server runs) or orphaned: none of its processes escapes, and
+    no other server's (an earlier benchmark's) counts."""
+    config_dir = c.running.config.claude_config_dir
+    processes = cli_processes(config_dir=config_dir)
+    mine = [p.pid for p in processes if p.names(session_id)]
+    return CliSnapshot(
+        at=0.0 if since is None else time.monotonic() - since,
+        session_pids=tuple(mine),
+        session_rss_kb=tree_rss_kb(mine),
+        session_hwm_kb=sum(rss_kb(p)[1] for p in mine),
+        server_pids=tuple(p.pid for p in processes),
+    )
+
+
+async def watch_cli(c: Client, session_id: str, seconds: float, every: float) -> list[CliSnapshot]:
+    """Snapshots from now on, every `every` seconds for `seconds`, the first one at once.
+
+    The event loop runs between snapshots, so the server (in this process) goes on with its
+    background work while it is watched.
+    """
+    since = time.monotonic()
+    out = [cli_snapshot(c, session_id, since)]
+    while time.monotonic() - since < seconds:
+        await asyncio.sleep(every)
+        out.append(cli_snapshot(c, session_id, since))
     return out
-
-
-async def wait_gone(pid: int | None, limit_s: float = 10.0) -> None:
-    """Waits until a CLI process let go in the background has exited, so it does not compete
-    with the next measurement for the CPU. Another process's exit has no event to await: poll."""
-    if pid is None:
-        return
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if rss_kb(pid) == (0, 0):
-            return
-        await asyncio.sleep(0.01)

@@ -137,13 +137,12 @@ class TurnWriter:
         return text.encode()
 
 
-def write_session(recording: Recording, projects: Path, turns: int) -> tuple[Path, TurnWriter]:
-    """A transcript of `turns` turns under `projects`; the writer can append more."""
-    session_id = str(uuid.uuid4())
-    path = projects / f"{session_id}.jsonl"
+def write_session(recording: Recording, path: Path, session_id: str, turns: int) -> TurnWriter:
+    """Writes a transcript of `turns` turns of session `session_id` at `path`; the writer it
+    returns appends more turns of the same conversation."""
     writer = TurnWriter(recording, session_id)
     with path.open("wb") as f:
         f.write(writer.header())
         while writer.turns < turns:
             f.write(writer.next_turn())
-    return path, writer
+    return writer
