@@ -33,7 +33,8 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.logs import configure
 from agent_rewind.server import RunningServer, start
-from agent_rewind.store.ledger import Ledger
+from agent_rewind.store.ledger import NewSession
+from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.processes import cli_pids, cli_processes, rss_kb, tree_rss_kb
 from agent_rewind.transcript.paths import transcript_path
 
@@ -151,12 +152,16 @@ def register_session(state_dir: Path, session_id: str) -> tuple[str, Path]:
     config = bench_config(state_dir)
     cwd = config.default_workspace_root / session_id
     cwd.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(config.ledger_path)
-    try:
-        ledger.add_session(session_id, str(cwd), {}, checkpointing=True, request_id=None)
-        ledger.touch_session(session_id, started=True)
-    finally:
-        ledger.close()
+
+    async def register() -> None:
+        ledger = await SqliteLedger.open(config.ledger_path)
+        try:
+            await ledger.add_session(NewSession(session_id, str(cwd), {}, checkpointing=True))
+            await ledger.touch_session(session_id, started=True)
+        finally:
+            await ledger.close()
+
+    asyncio.run(register())
     path = transcript_path(config.claude_config_dir, str(cwd), session_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     return str(cwd), path

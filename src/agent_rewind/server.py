@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 import grpc
 import structlog
@@ -24,10 +26,13 @@ from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
 from agent_rewind.rpc.session_service import SessionServicer
-from agent_rewind.sessions.adapter import SdkAgentClient
+from agent_rewind.sessions.adapter import AgentClient, ClientSpec, SdkAgentClient
+from agent_rewind.sessions.policy import ToolPolicy
+from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
-from agent_rewind.sessions.worker import ClientFactory
-from agent_rewind.store.ledger import Ledger
+from agent_rewind.sessions.worker import WorkerContext
+from agent_rewind.store.ledger import Ledger, now
+from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
 
 log = structlog.get_logger(__name__)
@@ -56,10 +61,35 @@ def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, st
     return env
 
 
-def choose_backend(config: Config) -> str:
+# What the CLI accepts as credentials for a real model (API key, OAuth or gateway token, a cloud
+# provider's switch): any one of them makes `--model auto` use the real API.
+CREDENTIAL_VARIABLES = (
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY",
+)
+
+
+class StartError(Exception):
+    """The server cannot start with this configuration; the message says why."""
+
+
+def choose_backend(config: Config, environ: Mapping[str, str] | None = None) -> str:
+    """The model backend: `--model` as given, or for `auto` the real API whenever a credential the
+    CLI accepts is present (never the scripted model by accident)."""
+    env = os.environ if environ is None else environ
+    credentials = [v for v in CREDENTIAL_VARIABLES if env.get(v)]
+    if config.model == "anthropic" and not credentials:
+        raise StartError(
+            "--model anthropic, but no credential for the Claude Code CLI is set: set one of "
+            + ", ".join(CREDENTIAL_VARIABLES)
+        )
     if config.model != "auto":
         return config.model
-    return "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else "offline"
+    return "anthropic" if credentials else "offline"
 
 
 @dataclass
@@ -71,7 +101,10 @@ class RunningServer:
     health: health.aio.HealthServicer
     model: ScriptedModel | None
     config: Config
+    engine: RewindEngine
+    backend: str
     _stopped: bool = False
+    _chores: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -88,35 +121,73 @@ class RunningServer:
         await self.health.enter_graceful_shutdown()
         await self.registry.shutdown(grace)
         await self.server.stop(grace=1.0)
+        for chore in self._chores:
+            chore.cancel()
+        await asyncio.gather(*self._chores, return_exceptions=True)
         if self.model is not None:
             self.model.stop()
-        self.ledger.close()
+        await self.ledger.close()
         log.info("stopped")
+
+
+def default_factory(config: Config) -> ClientFactory:
+    def make(spec: ClientSpec) -> AgentClient:
+        policy = ToolPolicy(spec.cwd, spec.options.get("allowed_tools") or ())
+        return SdkAgentClient(spec, policy, connect_timeout=config.connect_timeout)
+
+    return make
+
+
+async def _forget_old_requests(ledger: Ledger, retention: float) -> None:
+    """Request ids are remembered for `retention` seconds (--request-id-retention)."""
+    while True:
+        try:
+            dropped = await ledger.forget_requests(now() - timedelta(seconds=retention))
+            if dropped:
+                log.info("request ids past their retention forgotten", count=dropped)
+        except Exception as err:  # a full disk now is no reason to stop serving
+            log.warning("could not forget old request ids", error=str(err))
+        await asyncio.sleep(min(3600.0, max(retention / 10, 1.0)))
 
 
 async def start(config: Config, client_factory: ClientFactory | None = None) -> RunningServer:
     """Starts a server for `config` (which must be resolved) and returns once it listens."""
+    backend = choose_backend(config)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
-    backend = choose_backend(config)
     model = ScriptedModel().start() if backend == "offline" else None
-    log.info("model backend", backend=backend, scripted_model=model.base_url if model else None)
-    if backend == "anthropic" and not (
-        os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
-    ):
-        log.warning("--model anthropic without ANTHROPIC_API_KEY: turns will fail to authenticate")
-    ledger = Ledger(config.ledger_path)
-    factory = client_factory or (lambda spec: SdkAgentClient(spec, connect_timeout=config.connect_timeout))
-    registry = SessionRegistry(config, ledger, factory, cli_environment(config, model))
+    if model is not None:
+        log.warning(
+            "model backend: the offline SCRIPTED model, not Claude; for the real API pass --model anthropic"
+            " with a credential",
+            scripted_model=model.base_url,
+        )
+    else:
+        log.info("model backend", backend=backend)
+    ledger = await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
     engine = RewindEngine(ledger)
+    ctx = WorkerContext(
+        ledger=ledger,
+        client_factory=client_factory or default_factory(config),
+        cli_env=cli_environment(config, model),
+        claude_config_dir=config.claude_config_dir,
+        idle_timeout=config.idle_timeout,
+        interrupt_timeout=config.interrupt_timeout,
+        resolve_pending=engine.resolve_pending,
+        project_settings=config.trust_project_settings,
+    )
+    registry = SessionRegistry(config, ledger, ctx)
+    await registry.load()
 
     server = grpc.aio.server()
-    tokens = PageTokens(ledger.secret("page_tokens"))
-    session_service_pb2_grpc.add_SessionServiceServicer_to_server(SessionServicer(registry, tokens), server)
+    tokens = PageTokens(await ledger.secret("page_tokens"))
+    session_service_pb2_grpc.add_SessionServiceServicer_to_server(
+        SessionServicer(registry, engine, tokens), server
+    )
     rewind_service_pb2_grpc.add_RewindServiceServicer_to_server(
-        RewindServicer(registry, engine, tokens), server
+        RewindServicer(registry, engine, tokens, backend), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -131,9 +202,14 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     await server.start()
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    running = RunningServer(server, port, registry, ledger, health_servicer, model, config)
+    running = RunningServer(server, port, registry, ledger, health_servicer, model, config, engine, backend)
+    running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     log.info(
-        "serving", address=running.address, state_dir=str(config.state_dir), sessions=len(registry.workers)
+        "serving",
+        address=running.address,
+        state_dir=str(config.state_dir),
+        sessions=len(registry.workers),
+        backend=backend,
     )
     return running
 
@@ -153,7 +229,7 @@ def run(config: Config) -> int:
     configure(config.log_format, config.log_level)
     try:
         asyncio.run(_serve(config))
-    except OSError as err:
+    except (OSError, StartError) as err:
         log.error("cannot start", error=str(err))
         return 1
     return 0

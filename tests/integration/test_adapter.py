@@ -10,11 +10,13 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
+from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.testing import ScriptedModel
 
@@ -46,13 +48,21 @@ def _spec(tmp_path: Path, model: ScriptedModel, **kw: object) -> ClientSpec:
     return ClientSpec(**values)  # type: ignore[arg-type]
 
 
+def _client(spec: ClientSpec, **kw: Any) -> SdkAgentClient:
+    return SdkAgentClient(spec, ToolPolicy(spec.cwd, spec.options.get("allowed_tools") or ()), **kw)
+
+
 async def _turn(client: SdkAgentClient, text: str) -> list[TurnEvent]:
-    await client.send_prompt(text)
-    return [event async for event in client.receive_turn()]
+    prompt_id = str(uuid.uuid4())
+    await client.send_prompt(text, prompt_id)
+    events = [event async for event in client.receive_turn(prompt_id)]
+    prompts = [e for e in events if isinstance(e, PromptEvent) and not e.parent_tool_use_id]
+    assert [e.message_id for e in prompts] == [prompt_id], "the prompt carries the id it was sent with"
+    return events
 
 
 async def test_files_rewind_answers_with_the_clis_full_result(tmp_path: Path, model: ScriptedModel) -> None:
-    client = SdkAgentClient(_spec(tmp_path, model))
+    client = _client(_spec(tmp_path, model))
     await client.start()
     try:
         assert client.alive and client.pid
@@ -85,7 +95,7 @@ async def test_checkpoints_survive_the_process_and_resume_at_cuts_the_conversati
     tmp_path: Path, model: ScriptedModel
 ) -> None:
     spec = _spec(tmp_path, model)
-    client = SdkAgentClient(spec)
+    client = _client(spec)
     await client.start()
     ids = []
     for text in ("write a.txt one", "say two", "say three"):
@@ -101,8 +111,7 @@ async def test_checkpoints_survive_the_process_and_resume_at_cuts_the_conversati
         for e in map(json.loads, transcript.read_text().splitlines())
         if e.get("uuid")
     }
-    resumed = SdkAgentClient(
-        _spec(tmp_path, model, session_id=spec.session_id, resume=True, resume_session_at=parents[ids[1]])
+    resumed = _client(_spec(tmp_path, model, session_id=spec.session_id, resume=True, resume_session_at=parents[ids[1]])
     )
     await resumed.start()
     try:
@@ -124,7 +133,7 @@ def test_the_bundled_cli_is_the_version_the_adapter_reports() -> None:
 
 
 async def test_a_cli_that_cannot_start_raises_agent_error(tmp_path: Path, model: ScriptedModel) -> None:
-    client = SdkAgentClient(_spec(tmp_path, model, resume=True), connect_timeout=30)
+    client = _client(_spec(tmp_path, model, resume=True), connect_timeout=30)
     with pytest.raises(adapter.AgentError):
         await client.start()  # resuming a session that has no transcript
     assert not client.alive
@@ -134,7 +143,7 @@ async def test_a_live_process_cuts_its_conversation_in_place(tmp_path: Path, mod
     """The CLI's rewind_conversation control request: the service keeps the process after a cut."""
     import json
 
-    client = SdkAgentClient(_spec(tmp_path, model))
+    client = _client(_spec(tmp_path, model))
     await client.start()
     try:
         pid = client.pid

@@ -1,18 +1,21 @@
 """Planning and applying rewinds, with the rules of API.md.
 
-Both halves are validated before anything is applied; files go first (rewind_files is a
-call on the live client the conversation half replaces); a refused files half refuses
-the whole rewind; the ledger records the intent before applying, and stores the
-conversation cut in the same transaction that marks the rewind applied, before the RPC
-returns.
+Both halves are validated before anything is applied; files go first (rewind_files is a call on
+the live client the conversation half replaces); a refused half refuses the whole rewind. The
+ledger records the intent before anything is applied, and that record is the commit point: from
+then on the rewind is finished, never left half done, by the call, or before anything else happens
+on the session, or at the next start (`resolve_pending`). The cut and the rewind's event are
+stored in the same transaction that marks it applied, before the RPC returns. The apply phase runs
+in a task of its own, so a caller that hangs up does not cut it short.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -20,14 +23,16 @@ import structlog
 from agent_rewind import faults
 from agent_rewind.errors import (
     AgentRewindError,
+    AgentUnavailable,
     CheckpointingDisabled,
     FileCheckpointUnavailable,
     NoConversationAnchor,
     RequestIdReused,
     RewindConflict,
 )
+from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.worker import SessionWorker
-from agent_rewind.store.ledger import Anchor, Ledger, RewindRecord
+from agent_rewind.store.ledger import Anchor, Ledger, NewEvent, NewRequest, NewRewind, RewindRecord
 from agent_rewind.transcript.entries import RewindPoint
 
 log = structlog.get_logger(__name__)
@@ -137,6 +142,11 @@ class _Plan:
     last_message_id: str
 
 
+class _MovedOn(AgentRewindError):
+    """The conversation moved on since the intent was recorded: cutting now would drop turns
+    nobody asked to drop."""
+
+
 class RewindEngine:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
@@ -173,43 +183,60 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=_refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        # The CLI checks resume_drops_turn against the transcript, which may still hold turns an
-        # earlier, not yet written, cut dropped: count those too.
-        turns_after = len(worker.transcript_view().points) - point.index
-        return _Plan(point, files, conversation, turns_after, view.last_message_id)
+        return _Plan(point, files, conversation, 0, view.last_message_id)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
         async with worker.exclusive():
+            await self.resolve_pending(worker)
             plan = await self._plan(worker, req)
             last = plan.last_message_id
             if plan.conversation.can_rewind:
                 last = worker.view_at(plan.point.resume_at_message_id).last_message_id
         return RewindOutcome("", plan.files, plan.conversation, last)
 
+    def _request(self, req: RewindRequest) -> NewRequest | None:
+        if not req.request_id:
+            return None
+        return NewRequest(req.request_id, "Rewind", req.fingerprint(), req.session_id)
+
+    async def _previous(self, req: RewindRequest) -> RewindRecord | None:
+        """The rewind this request id started, if any; REQUEST_ID_REUSED for another call."""
+        request = self._request(req)
+        if request is None:
+            return None
+        recorded = await self._ledger.request(request.request_id)
+        if recorded is None:
+            return None
+        if not recorded.same_call(request):
+            raise RequestIdReused(request.request_id)
+        rewind_id = (recorded.result or {}).get("rewind_id")
+        return await self._ledger.rewind(str(rewind_id)) if rewind_id else None
+
     async def rewind(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
-        """Applies a rewind, all of it or nothing."""
-        if req.request_id:
-            # A retry of an applied rewind gets its result whatever the session does now.
-            previous = self._ledger.rewind_by_request(req.request_id)
-            if previous is not None and previous.state == "applied":
-                if previous.fingerprint != req.fingerprint():
-                    raise RequestIdReused(req.request_id)
+        """Applies a rewind, all of it or nothing.
+
+        The work runs in a task of its own: a caller that hangs up mid-way does not stop it (the
+        files may already be restored), and a retry with the same request_id gets its result.
+        """
+        # A retry of an applied rewind gets its result whatever the session does now.
+        previous = await self._previous(req)
+        if previous is not None and previous.state == "applied":
+            assert previous.result is not None
+            return RewindOutcome.from_json(previous.result)
+        task = asyncio.create_task(self._rewind_exclusive(worker, req), name=f"rewind-{worker.session_id}")
+        return await asyncio.shield(task)
+
+    async def _rewind_exclusive(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+        async with worker.exclusive():
+            await self.resolve_pending(worker)
+            previous = await self._previous(req)
+            if previous is not None:  # finished just now by resolve_pending, or before
                 assert previous.result is not None
                 return RewindOutcome.from_json(previous.result)
-        async with worker.exclusive():
             return await self._rewind_locked(worker, req)
 
     async def _rewind_locked(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
-        if req.request_id:
-            previous = self._ledger.rewind_by_request(req.request_id)
-            if previous is not None:
-                if previous.fingerprint != req.fingerprint():
-                    raise RequestIdReused(req.request_id)
-                if previous.state == "pending":
-                    return await self._finish(worker, previous)
-                assert previous.result is not None
-                return RewindOutcome.from_json(previous.result)
         plan = await self._plan(worker, req)
         for half in (plan.files, plan.conversation):
             if half.refusal is not None:
@@ -223,75 +250,91 @@ class RewindEngine:
                 anchor_uuid=plan.point.resume_at_message_id,
                 target_message_id=plan.point.message_id,
                 transcript_size=worker.transcript_size(),
-                drops_turn=plan.point.message_id if plan.turns_dropped == 1 else None,
+                drops_turn=None,
                 rewind_id=rewind_id,
             )
-        self._ledger.begin_rewind(
-            rewind_id=rewind_id,
-            session_id=worker.session_id,
-            request_id=req.request_id or None,
-            fingerprint=req.fingerprint(),
-            message_id=req.message_id,
-            mode=req.mode.value,
-            plan={
-                "target": plan.point.message_id,
-                "files": req.mode.files,
-                "anchor": asdict(anchor) if anchor else None,
-                "outcome": RewindOutcome(rewind_id, plan.files, plan.conversation, "").to_json(),
-            },
-            principal=req.principal,
+        await self._ledger.begin_rewind(
+            NewRewind(
+                rewind_id=rewind_id,
+                session_id=worker.session_id,
+                message_id=req.message_id,
+                mode=req.mode.value,
+                plan={
+                    "target": plan.point.message_id,
+                    "files": req.mode.files,
+                    "anchor": asdict(anchor) if anchor else None,
+                    "outcome": RewindOutcome(rewind_id, plan.files, plan.conversation, "").to_json(),
+                    # What the rewind was planned against: it never cuts a conversation that
+                    # has moved on since.
+                    "planned_last_message_id": plan.last_message_id,
+                    "planned_transcript_size": worker.transcript_size(),
+                },
+                principal=req.principal,
+                request=self._request(req),
+            )
         )
         faults.point("rewind.intent_recorded")
         log.info(
             "rewind intent recorded", rewind_id=rewind_id, session_id=worker.session_id, mode=req.mode.value
         )
-        record = self._ledger.rewind(rewind_id)
+        record = await self._ledger.rewind(rewind_id)
         assert record is not None
         return await self._finish(worker, record)
 
-    async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
-        """Applies a recorded intent: files, then the conversation cut. Also used after a crash.
+    async def _restore_files(self, worker: SessionWorker, record: RewindRecord) -> FilesAnswer:
+        """Restores the files of a recorded intent. A process that fails mid-request leaves the
+        outcome unknown: restoring is idempotent, so it is asked again in a new process. When that
+        fails too, the intent stays pending and is resolved before anything else happens on the
+        session."""
+        target = record.plan["target"]
+        try:
+            answer = await worker.rewind_files(target, dry_run=False)
+        except AgentUnavailable as err:
+            log.warning(
+                "files restore outcome unknown; restoring again",
+                rewind_id=record.rewind_id,
+                error=err.message,
+            )
+            answer = await worker.rewind_files(target, dry_run=False)
+        if not answer.can_rewind:
+            # A definite refusal: the CLI restored nothing.
+            await self._ledger.abandon_rewind(record.rewind_id)
+            raise FileCheckpointUnavailable(target, answer.error or "the CLI cannot rewind files")
+        return answer
 
-        Until the files are restored nothing has changed, so any failure drops the intent (a
-        retry plans afresh). Once they are, the ledger says so, and the intent is finished,
-        here or by the recovery at the next start.
-        """
+    async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
+        """Applies a recorded intent: files, then the conversation cut. Under the session's lock."""
         plan = record.plan
         outcome = RewindOutcome.from_json(plan["outcome"])
         files = outcome.files
         if plan["files"] and not record.files_applied:
-            try:
-                answer = await worker.rewind_files(plan["target"], dry_run=False)
-                if not answer.can_rewind:
-                    raise FileCheckpointUnavailable(
-                        plan["target"], answer.error or "the CLI cannot rewind files"
-                    )
-            except BaseException:
-                self._ledger.abandon_rewind(record.rewind_id)
-                raise
+            answer = await self._restore_files(worker, record)
             faults.point("rewind.files_restored")
-            self._ledger.mark_files_applied(record.rewind_id)
+            await self._ledger.mark_files_applied(record.rewind_id)
             faults.point("rewind.files_recorded")
-            files = FilesHalf(
-                True, True, files.files_changed, files.insertions, files.deletions, answer.skipped_links
-            )
-        anchor = Anchor(**plan["anchor"]) if plan["anchor"] else None
+            files = replace(files, skipped_links=answer.skipped_links)
+        anchor = Anchor(**{**plan["anchor"], "drops_turn": None}) if plan["anchor"] else None
         conversation = outcome.conversation
         view = await worker.view()  # also catches up with the transcript, after a restart
         last = view.last_message_id
         if anchor is not None:
-            if not (view.contains(anchor.anchor_uuid) and view.contains(anchor.target_message_id)):
-                # The conversation moved on since the intent was recorded: cutting now would
-                # drop turns nobody asked to drop.
-                self._ledger.abandon_rewind(record.rewind_id)
+            if not self._still_current(view, plan, anchor):
+                await self._ledger.abandon_rewind(record.rewind_id)
                 log.error(
                     "dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id
                 )
-                raise AgentRewindError("the rewind could not be finished; the conversation has changed since")
+                raise _MovedOn("the rewind could not be finished; the conversation has changed since")
             conversation = ConversationHalf(True, True, True, conversation.messages_dropped)
             last = worker.view_at(anchor.anchor_uuid).last_message_id
         final = RewindOutcome(record.rewind_id, files, conversation, last)
-        self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor)
+        event = NewEvent(
+            kind="REWOUND",
+            session_id=worker.session_id,
+            rewind_id=record.rewind_id,
+            principal=record.principal,
+            data=event_data(plan["target"], record.mode, final),
+        )
+        await self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor, event)
         faults.point("rewind.completed")
         if anchor is not None:
             # The live process remembers the dropped turns: cut them there too.
@@ -305,17 +348,60 @@ class RewindEngine:
         )
         return final
 
-    async def recover(self, workers: dict[str, SessionWorker]) -> None:
-        """Finishes rewinds whose intent was recorded but that a crash interrupted."""
-        for record in self._ledger.pending_rewinds():
-            worker = workers.get(record.session_id)
-            if worker is None:
-                continue
+    @staticmethod
+    def _still_current(view: Any, plan: dict[str, Any], anchor: Anchor) -> bool:
+        planned = plan.get("planned_last_message_id")
+        if planned is not None:
+            return bool(view.last_message_id == planned)
+        # An intent recorded by an older version: the anchor and the target are still visible.
+        return bool(view.contains(anchor.anchor_uuid) and view.contains(anchor.target_message_id))
+
+    async def resolve_pending(self, worker: SessionWorker) -> None:
+        """Finishes the session's recorded, unfinished rewinds. Call under the session's lock;
+        runs before any prompt or rewind, so nothing ever runs on half a rewind."""
+        for record in await self._ledger.pending_rewinds(worker.session_id):
             log.warning("finishing an interrupted rewind", rewind_id=record.rewind_id)
             try:
-                async with worker.exclusive():
-                    await self._finish(worker, record)
-            except AgentRewindError as err:
+                await self._finish(worker, record)
+            except _MovedOn:
+                continue
+            except FileCheckpointUnavailable as err:
                 log.error(
-                    "could not finish an interrupted rewind", rewind_id=record.rewind_id, error=err.message
+                    "an interrupted rewind could not restore its files",
+                    rewind_id=record.rewind_id,
+                    error=err.message,
                 )
+
+    async def recover(self, workers: dict[str, SessionWorker]) -> None:
+        """Finishes rewinds a crash interrupted, before the server admits any call."""
+        for session_id in {r.session_id for r in await self._ledger.pending_rewinds()}:
+            worker = workers.get(session_id)
+            if worker is None:
+                continue
+            try:
+                async with worker.lock:
+                    await self.resolve_pending(worker)
+                    worker.after_exclusive_use()
+            except AgentRewindError as err:
+                # Tried again before the session's next prompt or rewind.
+                log.error("could not finish an interrupted rewind", session_id=session_id, error=err.message)
+
+
+def event_data(target: str, mode: str, outcome: RewindOutcome) -> dict[str, Any]:
+    """What a REWOUND event tells watchers: ids, the mode, the files summary, counts. No text."""
+    files = outcome.files
+    return {
+        "message_id": target,
+        "mode": mode,
+        "files": {
+            "requested": files.requested,
+            "can_rewind": files.can_rewind,
+            "files_changed": list(files.files_changed),
+            "insertions": files.insertions,
+            "deletions": files.deletions,
+            "skipped_links": files.skipped_links,
+        },
+        "messages_dropped": outcome.conversation.messages_dropped,
+        "conversation_changed": outcome.conversation.rewound,
+        "last_message_id": outcome.last_message_id,
+    }

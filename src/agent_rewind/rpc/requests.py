@@ -92,3 +92,18 @@ class PageTokens:
                 "page_token", "is not a token this service issued for this list; list again without it"
             ) from None
         return position
+
+
+# A prompt's text, at most this many characters (a few hundred pages): beyond it is a mistake,
+# or an attempt to fill the server's memory.
+MAX_PROMPT_CHARS = 512 * 1024
+
+
+def prompt_text(text: str) -> str:
+    if not text.strip():
+        raise InvalidArgument("text", "must not be empty")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InvalidArgument("text", f"must be at most {MAX_PROMPT_CHARS} characters")
+    if "\x00" in text:
+        raise InvalidArgument("text", "must not contain NUL characters")
+    return text

@@ -20,10 +20,13 @@ from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 
 class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
-    def __init__(self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens) -> None:
+    def __init__(
+        self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens, backend: str
+    ) -> None:
         self._registry = registry
         self._engine = engine
         self._tokens = tokens
+        self._backend = backend
 
     @unary
     async def GetCapabilities(  # noqa: N802 - gRPC method name
@@ -37,6 +40,8 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             service_version=__version__,
             sdk_version=adapter.sdk_version(),
             cli_version=adapter.cli_version(),
+            replicas=1,
+            model_backend=self._backend,
         )
 
     @unary

@@ -8,17 +8,20 @@ import grpc
 from google.protobuf import empty_pb2
 
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, NotServed
+from agent_rewind.errors import NotServed
+from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
-from agent_rewind.sessions.registry import SessionRegistry, page_key
+from agent_rewind.sessions import commands
+from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry, page_key
 from agent_rewind.sessions.worker import SessionWorker
 
 
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
-    def __init__(self, registry: SessionRegistry, tokens: PageTokens) -> None:
+    def __init__(self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens) -> None:
         self._registry = registry
+        self._engine = engine
         self._tokens = tokens
 
     @unary
@@ -28,12 +31,16 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         checkpointing = (
             request.enable_file_checkpointing if request.HasField("enable_file_checkpointing") else True
         )
+        snapshots = request.workspace_snapshots if request.HasField("workspace_snapshots") else False
         worker = await self._registry.create(
-            cwd=request.cwd,
-            session_id=optional_uuid("session_id", request.session_id) or "",
-            options=convert.struct_to_dict(request.options),
-            checkpointing=checkpointing,
-            request_id=optional_uuid("request_id", request.request_id) or "",
+            NewSessionRequest(
+                cwd=request.cwd,
+                session_id=optional_uuid("session_id", request.session_id) or "",
+                options=convert.struct_to_dict(request.options),
+                checkpointing=checkpointing,
+                workspace_snapshots=snapshots,
+                request_id=optional_uuid("request_id", request.request_id) or "",
+            )
         )
         await self._registry.start(worker)
         return await _session(worker)
@@ -65,10 +72,12 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self, request: session_service_pb2.PromptRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[session_pb2.TurnEvent]:
         worker = self._registry.get(required("session_id", request.session_id))
-        if not request.text.strip():
-            raise InvalidArgument("text", "must not be empty")
+        text = requests.prompt_text(request.text)
+        commands.check_prompt(text)
         request_id = optional_uuid("request_id", request.request_id) or ""
-        turn = await worker.start_turn(request.text, request_id)
+        if request.HasField("rewind"):
+            raise NotServed("PromptRequest.rewind")
+        turn = await worker.start_turn(text, request_id)
         async for event in turn.events():
             yield convert.turn_event(worker.session_id, event)
 
@@ -85,8 +94,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self, request: session_service_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
         worker = self._registry.get(required("session_id", request.session_id))
-        worker.check_no_turn()
-        await worker.close()
+        await worker.close(force=request.force)
         return await _session(worker)
 
     @unary

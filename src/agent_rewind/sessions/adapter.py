@@ -1,32 +1,36 @@
-"""The one module that talks to claude_agent_sdk.
+"""The one module that talks to claude_agent_sdk: the SDK boundary, kept thin.
 
-Everything the service needs from the SDK goes through `AgentClient`: start a CLI
-process for a session, send a prompt, stream the turn, interrupt, rewind files (with
-the CLI's full answer, which the public SDK method drops), close. Uses of SDK
-internals are marked INTERNAL and covered by integration tests against the real CLI,
-so an SDK upgrade that breaks them fails loudly. The SDK version is pinned in
-pyproject.toml.
+Everything the service needs from the SDK goes through `AgentClient`: start a CLI process for a
+session (fresh, or resumed at a given entry), send a prompt under an id of the service's choosing,
+stream that turn, interrupt, kill, rewind files (with the CLI's full answer, which the public SDK
+method drops), cut the conversation in place, close. What the CLI may load and run is decided
+here too, from the session's checked options (`sessions/options.py`) and its tool policy
+(`sessions/policy.py`): nothing is read from the workspace or the user's home.
+
+Uses of SDK internals are marked INTERNAL and covered by integration tests against the real CLI
+(tests/integration/test_adapter.py), so an SDK upgrade that breaks them fails loudly. The SDK
+version is pinned in pyproject.toml.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, get_args
+from typing import Any, Protocol
 
 import claude_agent_sdk
 from claude_agent_sdk import (
+    AgentDefinition,
     AssistantMessage,
     CanUseToolShadowedWarning,
     ClaudeAgentOptions,
     ClaudeSDKClient,
     ClaudeSDKError,
-    PermissionMode,
+    HookMatcher,
     PermissionResultAllow,
     PermissionResultDeny,
     ResultMessage,
@@ -37,7 +41,6 @@ from claude_agent_sdk import (
     UserMessage,
 )
 
-from agent_rewind.errors import InvalidArgument
 from agent_rewind.sessions.events import (
     AssistantEvent,
     ConversationAnswer,
@@ -48,39 +51,15 @@ from agent_rewind.sessions.events import (
     ToolResultEvent,
     TurnEvent,
 )
+from agent_rewind.sessions.policy import FILE_TOOLS, ToolPolicy
 
-# Options the service sets itself; a caller cannot override them through `options`.
-SERVICE_CONTROLLED = frozenset(
-    {
-        "cwd",
-        "resume",
-        "session_id",
-        "continue_conversation",
-        "fork_session",
-        "resume_session_at",
-        "resume_drops_turn",
-        "enable_file_checkpointing",
-        "extra_args",
-        "env",
-        "can_use_tool",
-        "hooks",
-        "stderr",
-        "debug_stderr",
-        "cli_path",
-        "session_store",
-        "session_store_flush",
-        "transport",
-        # Exclusive with the can_use_tool policy the service installs.
-        "permission_prompt_tool_name",
-    }
-)
-# Tools named in allowed_tools bypassing can_use_tool is exactly the policy we want.
+# Tools named in allowed_tools bypassing can_use_tool is intended: the PreToolUse hook still
+# confines the file tools among them to the workspace.
 warnings.filterwarnings("ignore", category=CanUseToolShadowedWarning)
 
-_OPTION_FIELDS = {f.name: f for f in dataclasses.fields(ClaudeAgentOptions)}
-_INT_OPTIONS = frozenset({"max_turns", "max_thinking_tokens", "max_buffer_size"})
 # "default" makes the CLI ask `can_use_tool` about every tool that is not allowed outright.
 _DEFAULT_PERMISSION_MODE = "default"
+_CONTROL_TIMEOUT = 30.0
 
 
 class AgentError(Exception):
@@ -102,106 +81,52 @@ def cli_version() -> str:
     return str(__cli_version__)
 
 
-# The shapes a JSON value must have for the options most used; the SDK's dataclass checks none.
-_STRING_LIST_OPTIONS = frozenset(
-    {"allowed_tools", "disallowed_tools", "add_dirs", "betas", "setting_sources"}
-)
-_STRING_OPTIONS = frozenset({"model", "fallback_model", "user", "settings"})
-_NUMBER_OPTIONS = frozenset({"max_budget_usd"})
-_PERMISSION_MODES = frozenset(get_args(PermissionMode))
-
-
-def validate_options(options: Mapping[str, Any]) -> None:
-    """Refuses option names the SDK does not know or the service controls, and ill-shaped values."""
-    for key, value in options.items():
-        field = f"options.{key}"
-        if key in SERVICE_CONTROLLED:
-            raise InvalidArgument(field, "is set by the service and cannot be given")
-        if key not in _OPTION_FIELDS:
-            raise InvalidArgument(field, "is not a ClaudeAgentOptions field of this SDK")
-        if value is None:
-            continue
-        if key in _INT_OPTIONS and (not isinstance(value, int | float) or int(value) != value):
-            raise InvalidArgument(field, "must be an integer")
-        if key in _STRING_LIST_OPTIONS and (
-            not isinstance(value, list) or not all(isinstance(v, str) for v in value)
-        ):
-            raise InvalidArgument(field, "must be a list of strings")
-        if key in _STRING_OPTIONS and not isinstance(value, str):
-            raise InvalidArgument(field, "must be a string")
-        if key in _NUMBER_OPTIONS and not isinstance(value, int | float):
-            raise InvalidArgument(field, "must be a number")
-        if key == "permission_mode" and value not in _PERMISSION_MODES:
-            raise InvalidArgument(field, f"must be one of {sorted(_PERMISSION_MODES)}")
-        if key == "system_prompt" and not isinstance(value, str | dict):
-            raise InvalidArgument(field, "must be a string or a preset object")
-        if key in ("mcp_servers", "agents", "sandbox", "thinking") and not isinstance(value, dict):
-            raise InvalidArgument(field, "must be an object")
-
-
 @dataclass(frozen=True)
 class ClientSpec:
     """Everything needed to start the CLI for one session. Rebuilt verbatim each time."""
 
     session_id: str
     cwd: Path
+    # Checked by sessions/options.py.
     options: Mapping[str, Any]
     checkpointing: bool
     env: Mapping[str, str]
-    # Resume the session's transcript (False only for a session's very first start).
+    # Resume the session's transcript (False while it holds no conversation yet).
     resume: bool
+    # The entry the resumed conversation ends at: the leaf the service shows, always pinned, so a
+    # crash that kept the CLI from marking its newest leaf never brings dropped turns back.
     resume_session_at: str | None = None
-    resume_drops_turn: str | None = None
     stderr: Callable[[str], None] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    # Operator opt-in for trusted deployments: let the CLI read the workspace's .claude/ settings.
+    project_settings: bool = False
 
 
-# File tools a session may use inside its workspace without naming them in allowed_tools.
-_WORKSPACE_FILE_TOOLS = frozenset(
-    {"Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob", "Grep", "LS"}
-)
-_PATH_KEYS = ("file_path", "notebook_path", "path")
-
-
-def _resolve_in(workspace: Path, path: str) -> Path:
-    """Where a tool's path argument points, following `..`, `~` and symlinks."""
-    return (workspace / Path(path).expanduser()).resolve()
-
-
-def _permission_policy(allowed: frozenset[str], workspace: Path) -> Any:
-    """Nobody sits at a terminal to approve tools, so the session's options decide.
-
-    File tools are accepted for paths inside the workspace; any other tool runs only when the
-    session's allowed_tools names it (the CLI itself lets those through without asking).
-    """
+def build_options(spec: ClientSpec, policy: ToolPolicy) -> ClaudeAgentOptions:
+    kwargs: dict[str, Any] = dict(spec.options)
+    if "agents" in kwargs:
+        kwargs["agents"] = {name: AgentDefinition(**d) for name, d in kwargs["agents"].items()}
+    kwargs.setdefault("permission_mode", _DEFAULT_PERMISSION_MODE)
 
     async def can_use_tool(
         tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
     ) -> PermissionResultAllow | PermissionResultDeny:
-        if tool_name in allowed:
-            return PermissionResultAllow()
-        if tool_name in _WORKSPACE_FILE_TOOLS:
-            paths = [tool_input[k] for k in _PATH_KEYS if isinstance(tool_input.get(k), str)]
-            pattern = tool_input.get("pattern")
-            if tool_name == "Glob" and isinstance(pattern, str) and pattern.startswith(("/", "~", "..")):
-                paths.append(pattern.split("*", 1)[0] or "/")
-            targets = [_resolve_in(workspace, p) for p in paths] or [workspace]
-            if all(t == workspace or t.is_relative_to(workspace) for t in targets):
-                return PermissionResultAllow()
-            return PermissionResultDeny(message=f"{tool_name} outside the session's workspace is not allowed")
-        return PermissionResultDeny(
-            message=f"{tool_name} is not in this session's allowed_tools; create the session with it to use it"
+        decision = policy.permission(tool_name, tool_input)
+        return PermissionResultAllow() if decision.allow else PermissionResultDeny(message=decision.message)
+
+    async def confine(hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        decision = policy.confinement(
+            str(hook_input.get("tool_name", "")), hook_input.get("tool_input") or {}
         )
+        if decision.allow:
+            return {}
+        return {
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "deny",
+                "permissionDecisionReason": decision.message,
+            }
+        }
 
-    return can_use_tool
-
-
-def build_options(spec: ClientSpec) -> ClaudeAgentOptions:
-    kwargs: dict[str, Any] = {}
-    for key, value in spec.options.items():
-        kwargs[key] = int(value) if key in _INT_OPTIONS and value is not None else value
-    kwargs.setdefault("permission_mode", _DEFAULT_PERMISSION_MODE)
-    allowed = frozenset(str(t) for t in kwargs.get("allowed_tools") or ())
     kwargs.update(
         cli_path=str(cli_binary()),
         cwd=str(spec.cwd),
@@ -209,14 +134,23 @@ def build_options(spec: ClientSpec) -> ClaudeAgentOptions:
         # Replayed user messages carry the prompt's transcript uuid: the rewind point id.
         extra_args={"replay-user-messages": None},
         env=dict(spec.env),
-        can_use_tool=_permission_policy(allowed, spec.cwd.resolve()),
+        can_use_tool=can_use_tool,
+        # A hook runs for every tool call, allowed tools included; a failing hook blocks the call.
+        hooks={
+            "PreToolUse": [
+                HookMatcher(matcher="|".join(sorted(FILE_TOOLS)), hooks=[confine], on_failure="block")
+            ]
+        },
+        # Nothing on disk configures the CLI: no settings, hooks, commands or skills from the
+        # workspace or the home directory, and no MCP servers but the session's own.
+        setting_sources=["project", "local"] if spec.project_settings else [],
+        strict_mcp_config=True,
+        plugins=[],
     )
     if spec.resume:
         kwargs["resume"] = spec.session_id
         if spec.resume_session_at:
             kwargs["resume_session_at"] = spec.resume_session_at
-        if spec.resume_drops_turn:
-            kwargs["resume_drops_turn"] = spec.resume_drops_turn
     else:
         kwargs["session_id"] = spec.session_id
     if spec.stderr is not None:
@@ -235,15 +169,23 @@ class AgentClient(Protocol):
 
     async def start(self) -> None: ...
 
-    async def send_prompt(self, text: str) -> None: ...
+    async def send_prompt(self, text: str, prompt_id: str) -> None:
+        """Sends a prompt; `prompt_id` becomes its transcript uuid (its rewind point id)."""
+        ...
 
-    def receive_turn(self) -> AsyncIterator[TurnEvent]: ...
+    def receive_turn(self, prompt_id: str) -> AsyncIterator[TurnEvent]:
+        """The turn of `prompt_id`, up to and including its result."""
+        ...
 
     async def interrupt(self) -> None: ...
 
     async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer: ...
 
     async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer: ...
+
+    async def kill(self) -> None:
+        """Ends the process at once (SIGKILL), for a turn that does not stop when asked."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -261,7 +203,7 @@ def _text_of(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def to_events(message: Any, *, prompt_seen: bool) -> list[TurnEvent]:
+def to_events(message: Any, prompt_id: str) -> list[TurnEvent]:
     """Maps one SDK message to the turn events it carries (system frames carry none)."""
     if isinstance(message, UserMessage):
         parent = message.parent_tool_use_id or ""
@@ -272,7 +214,7 @@ def to_events(message: Any, *, prompt_seen: bool) -> list[TurnEvent]:
                 for b in message.content
                 if isinstance(b, ToolResultBlock)
             ]
-        if parent or (not prompt_seen and message.origin is None):
+        if parent or uid == prompt_id:
             return [PromptEvent(uid, _text_of(message.content), parent)]
         return []  # synthetic or injected user messages are not prompts
     if isinstance(message, AssistantMessage):
@@ -305,19 +247,29 @@ def to_events(message: Any, *, prompt_seen: bool) -> list[TurnEvent]:
     return []
 
 
+def _answers(message: ResultMessage, prompt_id: str) -> bool:
+    """Whether this result ends the turn that took in `prompt_id`."""
+    return message.user_message_uuid == prompt_id or prompt_id in (message.user_message_uuids or ())
+
+
 class SdkAgentClient:
     """`AgentClient` over `ClaudeSDKClient`.
 
-    The SDK client enters an anyio task group at connect and must leave it from the same
-    task, so a small host task owns connect and disconnect; prompts, reads and control
-    requests may come from any task.
+    The SDK client enters an anyio task group at connect and must leave it from the same task, so
+    a small host task owns connect and disconnect; prompts, reads and control requests may come
+    from any task.
     """
 
     def __init__(
-        self, spec: ClientSpec, *, connect_timeout: float = 60.0, close_timeout: float = 10.0
+        self,
+        spec: ClientSpec,
+        policy: ToolPolicy,
+        *,
+        connect_timeout: float = 60.0,
+        close_timeout: float = 10.0,
     ) -> None:
         self._spec = spec
-        self._client = ClaudeSDKClient(build_options(spec))
+        self._client = ClaudeSDKClient(build_options(spec, policy))
         self._connect_timeout = connect_timeout
         self._close_timeout = close_timeout
         self._host: asyncio.Task[None] | None = None
@@ -366,31 +318,46 @@ class SdkAgentClient:
             await self.close()
             raise
 
-    async def send_prompt(self, text: str) -> None:
+    async def send_prompt(self, text: str, prompt_id: str) -> None:
         if not self.alive:
             raise AgentError("the Claude Code process is not running")
+
+        async def message() -> AsyncIterator[dict[str, Any]]:
+            # A top-level uuid becomes the prompt's transcript uuid, and the turn's result names it.
+            yield {
+                "type": "user",
+                "uuid": prompt_id,
+                "message": {"role": "user", "content": text},
+                "parent_tool_use_id": None,
+            }
+
         try:
-            await self._client.query(text)
+            await self._client.query(message())
         except (ClaudeSDKError, OSError) as err:
             raise AgentError(f"could not send the prompt: {err}") from err
 
-    async def receive_turn(self) -> AsyncIterator[TurnEvent]:
-        """The events of the turn just prompted, up to and including its result.
+    async def receive_turn(self, prompt_id: str) -> AsyncIterator[TurnEvent]:
+        """The events of the turn `prompt_id` opened, up to and including its result.
 
-        A background task's notification turn can finish after the previous result; its
-        stragglers arrive before this turn's prompt and are not this turn's, so they are skipped.
+        The turn ends on the result that names the prompt, echoed or not (a slash command's answer
+        comes without an echo). A background task's notification turn can still be running, or
+        finish, when the prompt is sent; what it streams before the prompt's echo is not this
+        turn's, and its result does not name the prompt, so both are skipped.
         """
-        prompt_seen = False
+        echoed = False
         try:
             async for message in self._client.receive_messages():
-                for event in to_events(message, prompt_seen=prompt_seen):
-                    if isinstance(event, PromptEvent) and not event.parent_tool_use_id:
-                        prompt_seen = True
-                    if not prompt_seen:
-                        continue
-                    yield event
-                    if isinstance(event, ResultEvent):
+                if isinstance(message, ResultMessage):
+                    if _answers(message, prompt_id):
+                        yield to_events(message, prompt_id)[0]
                         return
+                    continue
+                if isinstance(message, UserMessage) and message.uuid == prompt_id:
+                    echoed = True
+                if not echoed:
+                    continue
+                for event in to_events(message, prompt_id):
+                    yield event
         except (ClaudeSDKError, OSError) as err:
             raise AgentError(f"the Claude Code process failed during the turn: {err}") from err
         raise AgentError("the Claude Code process exited during the turn")
@@ -401,6 +368,15 @@ class SdkAgentClient:
         except Exception as err:  # the SDK raises bare Exception on control errors
             raise AgentError(f"interrupt failed: {err}") from err
 
+    async def _control(self, request: dict[str, Any]) -> dict[str, Any]:
+        query = getattr(self._client, "_query", None)  # INTERNAL: the control-protocol object
+        if query is None or not self.alive:
+            raise AgentError("the Claude Code process is not running")
+        answer: dict[str, Any] = await query._send_control_request(
+            request, timeout=_CONTROL_TIMEOUT
+        )  # INTERNAL
+        return answer
+
     async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
         """Sends the CLI's rewind_files control request and returns its whole answer.
 
@@ -409,11 +385,10 @@ class SdkAgentClient:
         request: dict[str, Any] = {"subtype": "rewind_files", "user_message_id": message_id}
         if dry_run:
             request["dry_run"] = True
-        query = getattr(self._client, "_query", None)  # INTERNAL: the control-protocol object
-        if query is None or not self.alive:
-            raise AgentError("the Claude Code process is not running")
         try:
-            answer = await query._send_control_request(request, timeout=30.0)  # INTERNAL
+            answer = await self._control(request)
+        except AgentError:
+            raise
         except Exception as err:
             text = str(err)
             # Some CLI versions answer a refusal as a control error naming the checkpoint; a
@@ -441,21 +416,27 @@ class SdkAgentClient:
         also appends a marker of the cut to the transcript, which a plain resume after a crash
         does not honour: the service's ledger stays the record of the cut.
         """
-        query = getattr(self._client, "_query", None)  # INTERNAL: the control-protocol object
-        if query is None or not self.alive:
-            raise AgentError("the Claude Code process is not running")
         request = {
             "subtype": "rewind_conversation",
             "target_message_uuid": target,
             "last_seen_user_message_uuid": newest_prompt,
         }
         try:
-            answer = await query._send_control_request(request, timeout=30.0)  # INTERNAL
+            answer = await self._control(request)
+        except AgentError:
+            raise
         except Exception as err:
             raise AgentError(f"rewind_conversation failed: {err}") from err
         if answer.get("rewound") is True and answer.get("targetMessageUuid") in (None, target):
             return ConversationAnswer(True)
         return ConversationAnswer(False, str(answer.get("reason") or ""), str(answer.get("error") or ""))
+
+    async def kill(self) -> None:
+        process = self._process()
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await self.close()
 
     async def close(self) -> None:
         """Ends the CLI process; bounded in time, safe to call twice."""

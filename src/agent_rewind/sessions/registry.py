@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ from agent_rewind.errors import (
     SessionAlreadyExists,
     SessionNotFound,
     ShuttingDown,
+    WorkspaceInUse,
     WorkspaceOutsideRoot,
 )
-from agent_rewind.sessions.adapter import validate_options
-from agent_rewind.sessions.worker import ClientFactory, SessionWorker, WorkerContext
-from agent_rewind.store.ledger import Ledger
+from agent_rewind.sessions import options as session_options
+from agent_rewind.sessions.worker import SessionWorker, WorkerContext
+from agent_rewind.store.ledger import Ledger, NewRequest, NewSession, RequestIdTaken, dumps
 from agent_rewind.transcript.paths import transcript_path
 
 log = structlog.get_logger(__name__)
@@ -35,24 +37,40 @@ def page_key(worker: SessionWorker) -> tuple[str, str]:
     return created, worker.session_id
 
 
+@dataclass(frozen=True)
+class NewSessionRequest:
+    """CreateSession's arguments, checked by the RPC layer (ids are canonical UUIDs or empty)."""
+
+    cwd: str
+    session_id: str
+    options: dict[str, Any]
+    checkpointing: bool
+    workspace_snapshots: bool
+    request_id: str
+    principal: str = ""
+
+    def fingerprint(self) -> str:
+        return dumps([self.cwd, self.session_id, self.options, self.checkpointing, self.workspace_snapshots])
+
+
 class SessionRegistry:
-    def __init__(
-        self, config: Config, ledger: Ledger, client_factory: ClientFactory, cli_env: Mapping[str, str]
-    ) -> None:
+    def __init__(self, config: Config, ledger: Ledger, ctx: WorkerContext) -> None:
         self._config = config
         self._ledger = ledger
-        self._ctx = WorkerContext(
-            ledger=ledger,
-            client_factory=client_factory,
-            cli_env=cli_env,
-            claude_config_dir=config.claude_config_dir,
-            idle_timeout=config.idle_timeout,
-        )
-        self._workers: dict[str, SessionWorker] = {
-            r.session_id: SessionWorker(r, self._ctx) for r in ledger.sessions()
-        }
+        self._ctx = ctx
+        self._workers: dict[str, SessionWorker] = {}
         self._create_lock = asyncio.Lock()
         self._shutting_down = False
+        self.operator = session_options.OperatorOptions(
+            allow_bypass_permissions=config.allow_bypass_permissions,
+            allow_stdio_mcp=config.allow_stdio_mcp,
+            mcp_hosts=frozenset(h.lower() for h in config.mcp_hosts),
+        )
+
+    async def load(self) -> None:
+        """Registers every session the ledger holds (none has a live process yet)."""
+        for record in await self._ledger.sessions():
+            self._workers[record.session_id] = SessionWorker(record, self._ctx)
 
     @property
     def workers(self) -> dict[str, SessionWorker]:
@@ -78,59 +96,89 @@ class SessionRegistry:
         return ordered[:size], len(ordered) > size
 
     def resolve_workspace(self, cwd: str, session_id: str) -> Path:
-        """The absolute workspace for `cwd`, refused when it resolves outside every root."""
+        """The absolute workspace for `cwd`: inside a root, not a root, and no other session's."""
         roots = self._config.workspace_roots
         if "\x00" in cwd:
             raise InvalidArgument("cwd", "must not contain NUL characters")
+        if len(cwd) > 4096:
+            raise InvalidArgument("cwd", "must be at most 4096 characters")
         if not cwd:
             path = self._config.default_workspace_root / session_id
         else:
             given = Path(cwd).expanduser()
             path = given if given.is_absolute() else self._config.default_workspace_root / given
         # resolve() follows symlinks and `..`, so neither can lead out of a root.
-        resolved = path.resolve()
-        if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as err:
+            raise InvalidArgument("cwd", f"cannot be resolved: {err}") from None
+        if not any(resolved.is_relative_to(r) for r in roots):
             raise WorkspaceOutsideRoot(cwd or str(path), [str(r) for r in roots])
+        if resolved in roots:
+            raise WorkspaceInUse(str(resolved), "is a workspace root; a session's workspace lies below one")
+        for other in self._workers.values():
+            theirs = Path(other.record.cwd)
+            if resolved == theirs:
+                raise WorkspaceInUse(str(resolved), "is another session's workspace")
+            if theirs.is_relative_to(resolved):
+                raise WorkspaceInUse(str(resolved), "contains another session's workspace")
+            if resolved.is_relative_to(theirs):
+                raise WorkspaceInUse(str(resolved), "lies inside another session's workspace")
         if resolved.exists() and not resolved.is_dir():
             raise InvalidArgument("cwd", f"{resolved} exists and is not a directory")
         return resolved
 
-    async def create(
-        self,
-        *,
-        cwd: str,
-        session_id: str,
-        options: dict[str, Any],
-        checkpointing: bool,
-        request_id: str,
-    ) -> SessionWorker:
-        """`session_id` and `request_id` are canonical UUIDs or empty (the RPC layer checks them)."""
-        sid = session_id or str(uuid.uuid4())
-        rid = request_id or None
-        validate_options(options)
+    async def create(self, req: NewSessionRequest) -> SessionWorker:
+        options = session_options.validate(req.options, self.operator)
+        sid = req.session_id or str(uuid.uuid4())
+        request = (
+            NewRequest(req.request_id, "CreateSession", req.fingerprint(), sid) if req.request_id else None
+        )
         async with self._create_lock:
             if self._shutting_down:
                 raise ShuttingDown()
-            if rid is not None:
-                existing = self._ledger.session_by_request(rid)
+            if request is not None:
+                existing = await self._ledger.request(request.request_id)
                 if existing is not None:
-                    same = (not session_id or existing.session_id == sid) and existing.options == options
-                    if not same or existing.checkpointing != checkpointing:
-                        raise RequestIdReused(rid)
-                    return self.get(existing.session_id)
+                    return self._repeat(existing.method, existing.fingerprint, existing.session_id, request)
             if sid in self._workers:
                 raise SessionAlreadyExists(sid)
-            workspace = self.resolve_workspace(cwd, sid)
+            workspace = self.resolve_workspace(req.cwd, sid)
             workspace.mkdir(parents=True, exist_ok=True)
-            record = self._ledger.add_session(sid, str(workspace), options, checkpointing, rid)
+            new = NewSession(
+                session_id=sid,
+                cwd=str(workspace),
+                options=options,
+                checkpointing=req.checkpointing,
+                principal=req.principal,
+                workspace_snapshots=req.workspace_snapshots,
+            )
+            try:
+                record = await self._ledger.add_session(new, request)
+            except RequestIdTaken as taken:
+                assert request is not None
+                existing_request = taken.existing
+                return self._repeat(
+                    existing_request.method,
+                    existing_request.fingerprint,
+                    existing_request.session_id,
+                    request,
+                )
             if transcript_path(self._config.claude_config_dir, str(workspace), sid).exists():
                 # A caller-supplied id of a session this service already has a transcript for.
-                self._ledger.touch_session(sid, started=True)
-                record = self._ledger.session(sid) or record
+                await self._ledger.touch_session(sid, started=True)
+                record = await self._ledger.session(sid) or record
             worker = SessionWorker(record, self._ctx)
             self._workers[sid] = worker
-        log.info("session created", session_id=sid, cwd=str(workspace), checkpointing=checkpointing)
+        log.info("session created", session_id=sid, cwd=str(workspace), checkpointing=req.checkpointing)
         return worker
+
+    def _repeat(self, method: str, fingerprint: str, session_id: str, request: NewRequest) -> SessionWorker:
+        """A retried CreateSession: the session it made, if it is the same call."""
+        if method != request.method or fingerprint != request.fingerprint:
+            raise RequestIdReused(request.request_id)
+        # With no session_id asked for, the retry is the first call whatever id it got.
+        return self.get(session_id)
 
     async def start(self, worker: SessionWorker) -> None:
         """Starts a new session's CLI now, so a session that cannot run fails at creation.
@@ -147,14 +195,27 @@ class SessionRegistry:
                 await worker.ensure_client()
         except Exception:
             if not worker.record.started and self._workers.get(worker.session_id) is worker:
-                self.forget(worker.session_id)
+                await self.forget(worker.session_id)
             raise
 
-    def forget(self, session_id: str) -> None:
+    async def forget(self, session_id: str) -> None:
         """Removes a session whose creation failed before it was usable."""
         self._workers.pop(session_id, None)
-        self._ledger.remove_session(session_id)
+        await self._ledger.remove_session(session_id)
 
     async def shutdown(self, grace: float) -> None:
         self._shutting_down = True
         await asyncio.gather(*(w.shutdown(grace) for w in self._workers.values()), return_exceptions=True)
+
+
+def check_text(text: str, limit: int) -> str:
+    """A prompt's text: not empty, not too long."""
+    if not text.strip():
+        raise InvalidArgument("text", "must not be empty")
+    if len(text) > limit:
+        raise InvalidArgument("text", f"must be at most {limit} characters")
+    return text
+
+
+def cli_env(items: Mapping[str, str]) -> dict[str, str]:
+    return dict(items)

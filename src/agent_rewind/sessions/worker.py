@@ -1,18 +1,24 @@
-"""One worker per session: it owns the session's CLI process and serializes all work on it.
+"""One worker per session: its state, its lock, its transcript view, its turns.
 
-Every prompt, rewind and rebuild of the client runs under the worker's lock (API.md rule
-4); different sessions have different workers and never wait on each other. A turn holds
-the lock until its result; a rewind that finds a turn running is refused at once
-(TURN_IN_FLIGHT) rather than queued behind it.
+Every prompt, rewind and rebuild of the CLI process runs under the worker's lock (API.md rule 4);
+different sessions have different workers and never wait on each other. A turn holds the lock
+until its result; a rewind that finds a turn running is refused at once (TURN_IN_FLIGHT) rather
+than queued behind it. The live process is `process.AgentProcess`'s; a turn's events are a
+`turns.Turn`.
+
+No path leaves a session unusable until a restart: every turn ends (on the CLI's result, on an
+error, or, when it ignores Interrupt for `interrupt_timeout` seconds, by killing its process),
+the lock is released on every path, and a failed write to the ledger fails the call that made it
+without wedging the session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,21 +35,21 @@ from agent_rewind.errors import (
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent
-from agent_rewind.sessions.turn import Turn
-from agent_rewind.store.ledger import Anchor, Ledger, SessionRecord
+from agent_rewind.sessions.process import AgentProcess, ClientFactory
+from agent_rewind.sessions.turns import Prelude, Turn
+from agent_rewind.store.ledger import Anchor, Ledger, NewRequest, RequestIdTaken, SessionRecord, dumps
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
-from agent_rewind.transcript.paths import exists as _exists
-from agent_rewind.transcript.paths import transcript_path
+from agent_rewind.transcript.paths import exists, transcript_path
 
 log = structlog.get_logger(__name__)
 
-ClientFactory = Callable[[ClientSpec], AgentClient]
-
-# How many recent turns a retried Prompt (same request_id) can re-attach to, per session.
+# How many recent turns a retried Prompt (same request_id) re-attaches to in memory, per session;
+# older ones are replayed from the ledger.
 _TURNS_REMEMBERED = 32
-
 # Transcript reads larger than this run in a thread (a 5,000-turn transcript is about 35 MB).
 _READ_INLINE_BYTES = 1 << 20
+# How often a turn looks for its prompt in the transcript, to announce the rewind point early.
+_ANNOUNCE_POLL = 0.01
 
 
 class State:
@@ -53,15 +59,25 @@ class State:
     CLOSED = "CLOSED"
 
 
+async def _no_pending(worker: SessionWorker) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class WorkerContext:
-    """What every worker shares: the ledger, how to start a client, and the CLI's environment."""
+    """What every worker shares: the ledger, how to start a client, the CLI's environment."""
 
     ledger: Ledger
     client_factory: ClientFactory
     cli_env: Mapping[str, str]
     claude_config_dir: Path
     idle_timeout: float
+    # Seconds a turn may ignore Interrupt before its process is killed.
+    interrupt_timeout: float = 10.0
+    # Finishes a session's pending rewind intents (set by the rewind engine); run under the lock
+    # before any prompt or rewind, so nothing runs on a half-applied rewind.
+    resolve_pending: Callable[[SessionWorker], Awaitable[None]] = _no_pending
+    project_settings: bool = False
 
 
 class SessionWorker:
@@ -70,8 +86,8 @@ class SessionWorker:
         self.record = record
         self.session_id = record.session_id
         self.lock = asyncio.Lock()
-        self._client: AgentClient | None = None
-        self._closing: set[asyncio.Task[None]] = set()
+        self._log = log.bind(session_id=self.session_id)
+        self.process = AgentProcess(self.session_id, ctx.client_factory, self._log)
         self._background: set[asyncio.Task[None]] = set()
         self._turn: Turn | None = None
         # Claimed from the moment a prompt is accepted (before its CLI may still be starting)
@@ -82,11 +98,9 @@ class SessionWorker:
         self._idle_timer: asyncio.TimerHandle | None = None
         self._index: TranscriptIndex | None = None
         self._read_lock = asyncio.Lock()
-        # Recent turns by the request_id that started them, oldest first.
         self._turns_by_request: dict[str, Turn] = {}
         self._shutting_down = False
         self.update_time: datetime = record.update_time
-        self._log = log.bind(session_id=self.session_id)
 
     # State
 
@@ -96,7 +110,7 @@ class SessionWorker:
             return State.RUNNING
         if self.record.closed:
             return State.CLOSED
-        if self._client is not None and self._client.alive:
+        if self.process.alive:
             return State.IDLE
         return State.HIBERNATED
 
@@ -106,14 +120,14 @@ class SessionWorker:
 
     @property
     def client_pid(self) -> int | None:
-        return self._client.pid if self._client is not None else None
+        return self.process.pid
 
     # The transcript, as the service shows it
 
     def _transcript(self) -> TranscriptIndex:
         # Until the CLI has written the file, look again each time: the CLI shortens very long
         # project paths in its own way, which only the file's presence reveals.
-        if self._index is None or (self._index.size == 0 and not _exists(self._index.path)):
+        if self._index is None or (self._index.size == 0 and not exists(self._index.path)):
             path = transcript_path(self._ctx.claude_config_dir, self.record.cwd, self.session_id)
             if self._index is None or path != self._index.path:
                 self._index = TranscriptIndex(path)
@@ -141,14 +155,16 @@ class SessionWorker:
         """The visible conversation: the transcript's own, cut at a pending rewind anchor if any.
 
         A conversation rewind is durable the moment it returns because the cut lives in the
-        ledger until a new turn has written it into the transcript itself.
+        ledger until a new turn has written it into the transcript itself (and that write is on
+        disk: the transcript is fsynced before the ledger lets the cut go).
         """
         index = await self.catch_up()
-        anchor = self._ctx.ledger.anchor(self.session_id)
+        anchor = await self._ctx.ledger.anchor(self.session_id)
         if anchor is None:
             return index.view()
         if self._cut_is_in_transcript(index, anchor):
-            self._ctx.ledger.clear_anchor(self.session_id, anchor.anchor_uuid)
+            await asyncio.to_thread(_fsync, index.path)
+            await self._ctx.ledger.clear_anchor(self.session_id, anchor.anchor_uuid)
             self._log.info("rewind cut now in transcript", anchor=anchor.anchor_uuid)
             return index.view()
         return index.view(anchor.anchor_uuid)
@@ -184,76 +200,40 @@ class SessionWorker:
             for p in view.points[-1:]
         )
 
-    # The client
+    # The process
 
     async def _spec(self) -> ClientSpec:
-        anchor = self._ctx.ledger.anchor(self.session_id)
-        if anchor is not None:
-            await self.view()  # clears the anchor when the transcript already shows the cut
-            anchor = self._ctx.ledger.anchor(self.session_id)
+        """How to start the CLI now: resumed at the leaf the service shows, or fresh."""
+        view = await self.view()
+        leaf = view.leaf
         return ClientSpec(
             session_id=self.session_id,
             cwd=Path(self.record.cwd),
             options=self.record.options,
             checkpointing=self.record.checkpointing,
             env=self._ctx.cli_env,
-            resume=self.record.started,
-            resume_session_at=anchor.anchor_uuid if anchor else None,
-            resume_drops_turn=anchor.drops_turn if anchor else None,
+            # A session never prompted has no conversation to resume: it starts fresh, under its id.
+            resume=leaf is not None,
+            resume_session_at=leaf,
             stderr=self._on_stderr,
+            project_settings=self._ctx.project_settings,
         )
 
     def _on_stderr(self, line: str) -> None:
         self._log.debug("cli stderr", line=line.rstrip())
 
     async def ensure_client(self) -> AgentClient:
-        """The live client, started (or resumed from the transcript) if needed. Call under the lock."""
-        if self._client is not None and self._client.alive:
-            return self._client
+        """The live client, started (or resumed) if needed. Call under the lock."""
+        client = self.process.client
+        if client is not None and client.alive:
+            return client
         if self._shutting_down:
-            raise ShuttingDown()  # no new process once the server is stopping
-        if self._client is not None:
-            self._log.warning("cli process gone; resuming the session in a new one")
-            self._drop_client()
-        await self._await_closing()
-        spec = await self._spec()
-        started = time.perf_counter()
-        client = self._ctx.client_factory(spec)
-        try:
-            await client.start()
-        except AgentError as err:
-            self._log.error("cli did not start", error=str(err))
-            raise AgentUnavailable(self.session_id, str(err)) from err
-        if self._shutting_down:
-            # The server began to stop while this process started: it must not outlive it.
-            await client.close()
             raise ShuttingDown()
-        self._client = client
+        client = await self.process.start(await self._spec())
         if not self.record.started:
-            self._ctx.ledger.touch_session(self.session_id, started=True)
-            self.record = _replace(self.record, started=True)
-        self._log.info(
-            "cli started",
-            pid=client.pid,
-            resume=spec.resume,
-            resume_session_at=spec.resume_session_at,
-            ms=round((time.perf_counter() - started) * 1000),
-        )
+            await self._ctx.ledger.touch_session(self.session_id, started=True)
+            self.record = replace(self.record, started=True)
         return client
-
-    def _drop_client(self) -> None:
-        """Lets go of the live client; its process ends in the background."""
-        client, self._client = self._client, None
-        if client is None:
-            return
-        task = asyncio.create_task(client.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _await_closing(self) -> None:
-        # Two CLI processes must never write one transcript at once.
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def cut_conversation(self, target: str) -> None:
         """The conversation was cut just before the prompt `target` (a rewind). Call under the lock.
@@ -263,7 +243,7 @@ class SessionWorker:
         new one resuming at the cut starts in the background once the caller releases the lock.
         A session without a live process needs nothing: its next start resumes at the cut.
         """
-        client = self._client
+        client = self.process.client
         if client is None or not client.alive:
             return
         newest = self.transcript_view().points
@@ -275,15 +255,19 @@ class SessionWorker:
             self._log.info("conversation cut in the live process", target=target)
             return
         self._log.info("cli refused the cut in place; resuming a new process", reason=answer.reason)
-        self._drop_client()
+        self.process.let_go()
         if not self.record.closed and not self._shutting_down:
-            task = asyncio.create_task(self._prewarm(), name=f"prewarm-{self.session_id}")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._prewarm(), f"prewarm-{self.session_id}")
+
+    def _in_background(self, work: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _prewarm(self) -> None:
         async with self.lock:
-            if self._client is not None or self.record.closed or self._shutting_down:
+            if self.process.client is not None or self.record.closed or self._shutting_down:
                 return
             try:
                 await self.ensure_client()
@@ -293,7 +277,7 @@ class SessionWorker:
                 return
             self._arm_idle_timer()
 
-    # Turns
+    # Exclusive work (rewinds)
 
     def check_no_turn(self) -> None:
         if self.turn_running:
@@ -314,26 +298,56 @@ class SessionWorker:
             finally:
                 self.after_exclusive_use()
 
-    async def start_turn(self, text: str, request_id: str = "") -> Turn:
+    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
+        """Asks the CLI to rewind (or preview rewinding) files. Call under the lock.
+
+        AgentUnavailable when the process failed: then whether the files were restored is not
+        known, and the caller must find out (restoring again is idempotent).
+        """
+        client = await self.ensure_client()
+        try:
+            return await client.rewind_files(message_id, dry_run=dry_run)
+        except AgentError as err:
+            self.process.let_go()
+            raise AgentUnavailable(self.session_id, str(err)) from err
+
+    # Turns
+
+    async def start_turn(
+        self, text: str, request_id: str = "", prelude: Prelude | None = None, prelude_key: Any = None
+    ) -> Turn:
         """Accepts a prompt and returns its turn's event log at once.
 
-        Everything after the acceptance (starting or resuming the CLI, sending the prompt,
-        reading the turn) runs in the turn's own task, so a caller that hangs up, even while
-        the CLI is still starting, loses nothing: the turn runs on to its end. A failure to
-        start ends the log with that error. A `request_id` seen before returns that turn's log
-        (a retry re-attaches and replays it from the start); with another text it is refused.
+        Everything after the acceptance (a rewind first, for PromptRequest.rewind; starting or
+        resuming the CLI; sending the prompt; reading the turn) runs in the turn's own task, so a
+        caller that hangs up, even while the CLI is still starting, loses nothing. A request_id
+        seen before returns that turn (a retry re-attaches to it, or gets it replayed from the
+        ledger after a restart); with other arguments it is REQUEST_ID_REUSED.
         """
+        request: NewRequest | None = None
         if request_id:
-            known = self._turns_by_request.get(request_id)
+            request = NewRequest(request_id, "Prompt", dumps([text, prelude_key]), self.session_id)
+            known = await self._known_turn(request, text)
             if known is not None:
-                if known.text != text:
-                    raise RequestIdReused(request_id)
                 return known
         self.check_no_turn()
         if self._shutting_down:
             raise ShuttingDown()
-        turn = Turn(self.session_id, text)
+        turn = Turn(self.session_id, text, request_id=request_id, prelude=prelude)
         self._turn_claimed = True
+        try:
+            if request is not None:
+                # The prompt id is recorded with the request: after a crash it tells whether the
+                # prompt reached the transcript (the turn ran) or not (it never did).
+                await self._ctx.ledger.begin_request(request, {"prompt_id": turn.prompt_id})
+        except RequestIdTaken as taken:
+            self._turn_claimed = False
+            if request is None or not taken.existing.same_call(request):
+                raise RequestIdReused(request_id) from None
+            raise TurnInFlight(self.session_id) from None  # a concurrent retry won the race
+        except BaseException:
+            self._turn_claimed = False
+            raise
         self._interrupt_pending = False
         self._turn = turn
         if request_id:
@@ -343,117 +357,219 @@ class SessionWorker:
         self._turn_task = asyncio.create_task(self._run_turn(turn), name=f"turn-{self.session_id}")
         return turn
 
+    async def _known_turn(self, request: NewRequest, text: str) -> Turn | None:
+        """The turn a request id already started, if any (in memory, or recorded)."""
+        known = self._turns_by_request.get(request.request_id)
+        recorded = await self._ctx.ledger.request(request.request_id)
+        if recorded is None:
+            return None
+        if not recorded.same_call(request):
+            raise RequestIdReused(request.request_id)
+        if known is not None:
+            return known
+        if recorded.done and recorded.result is not None:
+            return await Turn.replayed(self.session_id, text, request.request_id, recorded.result)
+        # Accepted by a server that died before the turn ended. If its prompt reached the
+        # transcript the turn ran (in part): report it, never run it twice. If not, it never ran:
+        # forget the request and run it now.
+        prompt_id = str((recorded.result or {}).get("prompt_id") or "")
+        if prompt_id and (await self.catch_up()).get(prompt_id) is not None:
+            cut_short = {
+                "prompt_id": prompt_id,
+                "error": {
+                    "reason": AgentUnavailable.reason,
+                    "message": "the server stopped while this turn ran; it will not run again",
+                },
+            }
+            await self._ctx.ledger.finish_request(request.request_id, cut_short)
+            return await Turn.replayed(self.session_id, text, request.request_id, cut_short)
+        await self._ctx.ledger.forget_request(request.request_id)
+        return None
+
     async def _run_turn(self, turn: Turn) -> None:
         error: AgentRewindError | None = None
         locked = False
+        announcer: asyncio.Task[None] | None = None
         try:
             faults.point("turn.accepted")
             await self.lock.acquire()
             locked = True
             self._cancel_idle_timer()
+            await self._ctx.resolve_pending(self)
+            if turn.prelude is not None:
+                opening = await turn.prelude()
+                if opening is not None:
+                    await turn.publish(opening)
             client = await self.ensure_client()
             if self.record.closed:
-                self._ctx.ledger.touch_session(self.session_id, closed=False)
-                self.record = _replace(self.record, closed=False)
-            await client.send_prompt(turn.text)
+                await self._ctx.ledger.touch_session(self.session_id, closed=False)
+                self.record = replace(self.record, closed=False)
+            await client.send_prompt(turn.text, turn.prompt_id)
             turn.sent = True
             faults.point("turn.prompt_sent")
             if self._interrupt_pending:
-                turn.interrupted = True
-                await client.interrupt()
-            async for event in client.receive_turn():
-                if isinstance(event, PromptEvent) and not event.parent_tool_use_id and not turn.prompt_id:
-                    turn.prompt_id = event.message_id
-                    faults.point("turn.prompt_recorded")
+                await self._send_interrupt(turn, client)
+            announcer = asyncio.create_task(self._announce(turn), name=f"announce-{self.session_id}")
+            async for event in client.receive_turn(turn.prompt_id):
+                if isinstance(event, PromptEvent) and not event.parent_tool_use_id:
+                    if turn.announced:
+                        continue  # the transcript announced it already
+                    await self._announce_now(turn, event)
+                    continue
                 if isinstance(event, ResultEvent):
                     faults.point("turn.result")
                     if turn.interrupted:
-                        event = _replace(event, interrupted=True)
+                        event = replace(event, interrupted=True)
                 await turn.publish(event)
-        except AgentRewindError as err:  # the CLI did not start, or the server is stopping
+        except AgentRewindError as err:  # the CLI did not start, a pending rewind failed, ...
             error = err
         except AgentError as err:
-            self._log.error("turn failed", error=str(err))
-            self._drop_client()
-            error = AgentUnavailable(self.session_id, str(err))
+            self.process.let_go()
+            if turn.killed:
+                self._log.warning("turn ended by killing its process after it ignored Interrupt")
+                await turn.publish(_killed_result())
+            else:
+                self._log.error("turn failed", error=str(err))
+                error = AgentUnavailable(self.session_id, str(err))
         except asyncio.CancelledError:
             error = AgentUnavailable(self.session_id, "the turn was cancelled by a server shutdown")
-            self._drop_client()
+            self.process.let_go()
             raise
         except Exception:  # a bug must not leave the session locked
             self._log.exception("turn crashed")
-            self._drop_client()
+            self.process.let_go()
             error = AgentRewindError("the turn failed unexpectedly")
         finally:
+            if announcer is not None:
+                announcer.cancel()
+            if turn.watchdog is not None:
+                turn.watchdog.cancel()
+            bookkeeping = await self._record_turn(turn, error)
             self._turn_claimed = False
-            if turn.sent:
-                self.update_time = self._ctx.ledger.touch_session(self.session_id)
-                with contextlib.suppress(Exception):
-                    await self.view()
-                faults.point("turn.recorded")
-            await turn.finish(error)
+            await turn.finish(error or bookkeeping)
             if locked:
                 self.lock.release()
             self._arm_idle_timer()
 
+    async def _record_turn(self, turn: Turn, error: AgentRewindError | None) -> AgentRewindError | None:
+        """The turn's bookkeeping. A failed write (disk full, database locked) is reported to the
+        turn's callers but stops nothing: the lock is released and the stream ends regardless."""
+        failure: AgentRewindError | None = None
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+        if turn.sent:
+            steps.append(("touch", self._touch))
+            steps.append(("view", self.view))
+        if turn.request_id:
+            snapshot = _Recorded(turn, error)
+            steps.append(
+                ("request", lambda: self._ctx.ledger.finish_request(turn.request_id, snapshot.record()))
+            )
+        for name, step in steps:
+            try:
+                await step()
+            except Exception as err:
+                self._log.error("could not record the turn", step=name, error=str(err))
+                failure = failure or AgentRewindError(
+                    f"the turn ran, but the service could not record it: {err}"
+                )
+        faults.point("turn.recorded")
+        return failure
+
+    async def _touch(self) -> None:
+        self.update_time = await self._ctx.ledger.touch_session(self.session_id)
+
+    async def _announce(self, turn: Turn) -> None:
+        """Publishes the prompt as soon as the CLI wrote it to the transcript: the rewind point
+        exists from then on, usually long before the model's first answer (and the CLI's echo)."""
+        while not turn.announced:
+            index = await self.catch_up()
+            if index.get(turn.prompt_id) is not None:
+                await self._announce_now(turn, PromptEvent(turn.prompt_id, turn.text))
+                return
+            await asyncio.sleep(_ANNOUNCE_POLL)
+
+    async def _announce_now(self, turn: Turn, event: PromptEvent) -> None:
+        if turn.announced:
+            return
+        turn.announced = True
+        await turn.publish(event)
+        faults.point("turn.prompt_recorded")
+
     async def interrupt(self) -> None:
-        """Stops the turn in flight; one still starting its CLI is stopped as soon as it is sent."""
-        turn, client = self._turn, self._client
+        """Stops the turn in flight: asks the CLI, and kills its process if the turn has not
+        ended `interrupt_timeout` seconds later. A turn still starting its CLI is stopped as soon
+        as its prompt is sent."""
+        turn, client = self._turn, self.process.client
         if turn is None or turn.done:
             return
+        turn.interrupted = True
         if not turn.sent or client is None:
             self._interrupt_pending = True
             return
+        await self._send_interrupt(turn, client)
+
+    async def _send_interrupt(self, turn: Turn, client: AgentClient) -> None:
         turn.interrupted = True
+        if turn.watchdog is None:
+            turn.watchdog = asyncio.create_task(
+                self._stop_if_stuck(turn), name=f"interrupt-{self.session_id}"
+            )
         try:
             await client.interrupt()
         except AgentError as err:
-            raise AgentUnavailable(self.session_id, str(err)) from err
+            self._log.warning("interrupt failed; the turn is ended by killing its process", error=str(err))
+            turn.killed = True
+            await self.process.kill()
 
-    # Files
-
-    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
-        """Asks the CLI to rewind (or preview rewinding) files. Call under the lock."""
-        client = await self.ensure_client()
+    async def _stop_if_stuck(self, turn: Turn) -> None:
         try:
-            return await client.rewind_files(message_id, dry_run=dry_run)
-        except AgentError as err:
-            self._drop_client()
-            raise AgentUnavailable(self.session_id, str(err)) from err
+            await asyncio.wait_for(asyncio.shield(turn.wait()), self._ctx.interrupt_timeout)
+        except TimeoutError:
+            self._log.warning("turn ignored Interrupt", seconds=self._ctx.interrupt_timeout)
+            turn.killed = True
+            await self.process.kill()
 
     # Lifecycle
 
     def after_exclusive_use(self) -> None:
         """Called when a rewind or other exclusive work ends: closed sessions give their process back."""
         if self.record.closed:
-            self._drop_client()
+            self.process.let_go()
         else:
             self._arm_idle_timer()
 
-    async def close(self) -> None:
-        """CloseSession: ends the live client. Reads and rewinds still work."""
+    async def close(self, *, force: bool = False) -> None:
+        """CloseSession: ends the live process. With `force`, a running turn is ended first (as an
+        Interrupt that escalates to a kill); without, a running turn is TURN_IN_FLIGHT."""
+        turn = self._turn
+        if self.turn_running and turn is not None:
+            if not force:
+                raise TurnInFlight(self.session_id)
+            await self.interrupt()
+            await turn.wait()
         async with self.lock:
             self._cancel_idle_timer()
-            self._drop_client()
-            await self._await_closing()
-            self.update_time = self._ctx.ledger.touch_session(self.session_id, closed=True)
-            self.record = _replace(self.record, closed=True)
+            self.process.let_go()
+            await self.process.settle()
+            self.update_time = await self._ctx.ledger.touch_session(self.session_id, closed=True)
+            self.record = replace(self.record, closed=True)
 
     async def hibernate(self) -> None:
         if self.lock.locked():
             return
         async with self.lock:
-            if self._client is not None and not self.turn_running:
+            if self.process.client is not None and not self.turn_running:
                 self._log.info("hibernating idle session")
-                self._drop_client()
-                await self._await_closing()
+                self.process.let_go()
+                await self.process.settle()
 
     def _arm_idle_timer(self) -> None:
         self._cancel_idle_timer()
         if self._ctx.idle_timeout > 0 and not self._shutting_down:
             loop = asyncio.get_running_loop()
             self._idle_timer = loop.call_later(
-                self._ctx.idle_timeout, lambda: asyncio.ensure_future(self.hibernate())
+                self._ctx.idle_timeout,
+                lambda: self._in_background(self.hibernate(), f"hibernate-{self.session_id}"),
             )
 
     def _cancel_idle_timer(self) -> None:
@@ -462,8 +578,10 @@ class SessionWorker:
             self._idle_timer = None
 
     async def shutdown(self, grace: float) -> None:
-        """Gives a running turn `grace` seconds, then ends the CLI process whatever happens."""
+        """Gives a running turn `grace` seconds and a rewind in progress its time to finish, then
+        ends the CLI process whatever happens."""
         self._shutting_down = True
+        self.process.stopped = True
         self._cancel_idle_timer()
         turn, task = self._turn, self._turn_task
         if turn is not None and not turn.done and task is not None:
@@ -474,13 +592,46 @@ class SessionWorker:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        # A background start sees the flag and ends its process itself; wait for it.
+        # A rewind holds the lock while it applies: let it finish (its control requests are bounded).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace + 35):
+                await self.lock.acquire()
+                self.lock.release()
         await asyncio.gather(*self._background, return_exceptions=True)
-        self._drop_client()
-        await self._await_closing()
+        self.process.let_go()
+        await self.process.settle()
 
 
-def _replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
+@dataclass
+class _Recorded:
+    turn: Turn
+    error: AgentRewindError | None
 
-    return dataclasses.replace(obj, **changes)
+    def record(self) -> dict[str, Any]:
+        out = self.turn.record()
+        if self.error is not None and "error" not in out:
+            out["error"] = {"reason": self.error.reason, "message": self.error.message}
+        return out
+
+
+def _killed_result() -> ResultEvent:
+    return ResultEvent(
+        subtype="error_during_execution",
+        is_error=True,
+        num_turns=0,
+        duration_ms=0,
+        total_cost_usd=0.0,
+        result="the turn did not stop when interrupted; its Claude Code process was ended",
+        stop_reason="",
+        interrupted=True,
+    )
+
+
+def _fsync(path: Path) -> None:
+    """Makes the CLI's appends to a file durable (its own writes may still be in the page cache)."""
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

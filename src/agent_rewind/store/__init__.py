@@ -1,5 +1,6 @@
-"""Durable state: the SQLite ledger of sessions, pending conversation cuts and rewinds."""
+"""Durable state: the ledger interface (ledger.py) and its embedded SQLite implementation."""
 
 from agent_rewind.store.ledger import Anchor, Ledger, RewindRecord, SessionRecord
+from agent_rewind.store.sqlite import SqliteLedger
 
-__all__ = ["Anchor", "Ledger", "RewindRecord", "SessionRecord"]
+__all__ = ["Anchor", "Ledger", "RewindRecord", "SessionRecord", "SqliteLedger"]

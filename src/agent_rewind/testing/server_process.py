@@ -8,6 +8,7 @@ same state dir, and look at what survived. Faults are injected with `agent_rewin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -148,10 +149,8 @@ class ServerProcess:
             await self.proc.wait()
         await self._disconnect()
         for pid in cli_pids(config_dir=self.config_dir):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def log_lines(self) -> list[dict[str, object]]:
         """Every JSON log line the server wrote, over all its starts."""

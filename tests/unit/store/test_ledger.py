@@ -1,322 +1,295 @@
-"""The SQLite ledger: sessions, pending conversation cuts (anchors), rewinds and their cursors."""
+"""The ledger's contract, run against every implementation (`ledgers` in conftest.py).
+
+Sessions, request ids, pending conversation cuts (anchors), rewind intents, and the event log
+with its gap-free cursors. Durability and schema migration are specific to each implementation
+and tested beside it.
+"""
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
+import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from agent_rewind.store.ledger import Anchor, Ledger
+from agent_rewind.store.ledger import (
+    Anchor,
+    Ledger,
+    NewEvent,
+    NewRequest,
+    NewRewind,
+    NewSession,
+    RequestIdTaken,
+    now,
+)
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
 OTHER = "1c8e4d2f-6b9e-4e7f-8a21-3b4c5d6e7f80"
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "ledger.sqlite3"
+def _session(sid: str = SID, **kw: Any) -> NewSession:
+    values: dict[str, Any] = {
+        "session_id": sid,
+        "cwd": f"/ws/{sid[:4]}",
+        "options": {},
+        "checkpointing": True,
+    }
+    values.update(kw)
+    return NewSession(**values)
 
 
-@pytest.fixture
-def ledger(path: Path) -> Iterator[Ledger]:
-    db = Ledger(path)
-    yield db
-    db.close()
-
-
-def _begin(ledger: Ledger, rewind_id: str, *, session_id: str = SID, request_id: str | None = None) -> None:
-    ledger.begin_rewind(
-        rewind_id=rewind_id,
-        session_id=session_id,
-        request_id=request_id,
-        fingerprint=f"fp-{rewind_id}",
-        message_id=f"msg-{rewind_id}",
-        mode="BOTH",
-        plan={"target": f"msg-{rewind_id}", "anchor": None},
-        principal="alice",
+async def _begin(
+    ledger: Ledger, rewind_id: str, *, session_id: str = SID, request_id: str | None = None
+) -> None:
+    request = NewRequest(request_id, "Rewind", f"fp-{rewind_id}", session_id) if request_id else None
+    await ledger.begin_rewind(
+        NewRewind(
+            rewind_id=rewind_id,
+            session_id=session_id,
+            message_id=f"msg-{rewind_id}",
+            mode="both",
+            plan={"target": f"msg-{rewind_id}", "anchor": None},
+            principal="alice",
+            request=request,
+        )
     )
 
 
-def _anchor(anchor_uuid: str, rewind_id: str, *, size: int = 100, drops: str | None = None) -> Anchor:
-    return Anchor(SID, anchor_uuid, f"target-of-{anchor_uuid}", size, drops, rewind_id)
+def _event(rewind_id: str, session_id: str = SID, **data: Any) -> NewEvent:
+    return NewEvent("REWOUND", session_id, rewind_id, "alice", dict(data))
 
 
-# Sessions
+def _anchor(anchor_uuid: str, rewind_id: str, *, size: int = 100) -> Anchor:
+    return Anchor(SID, anchor_uuid, f"target-of-{anchor_uuid}", size, None, rewind_id)
 
 
-def test_session_round_trips_options_checkpointing_and_flags(ledger: Ledger) -> None:
-    options: dict[str, Any] = {
-        "model": "claude-test",
-        "max_turns": 5.0,
-        "allowed_tools": ["Read", "Bash"],
-        "mcp_servers": {"x": {"type": "stdio", "command": "srv", "args": ["-v"]}},
-        "system_prompt": None,
-    }
-    created = ledger.add_session(SID, "/ws/a", options, False, None)
+# Secrets and sessions
+
+
+async def test_a_secret_is_made_once_and_kept(ledger: Ledger) -> None:
+    first = await ledger.secret("page_tokens")
+    assert len(first) == 32
+    assert await ledger.secret("page_tokens") == first
+    assert await ledger.secret("other") != first
+
+
+async def test_session_round_trips_every_field(ledger: Ledger) -> None:
+    options: dict[str, Any] = {"model": "claude-test", "max_turns": 5, "allowed_tools": ["Read", "Bash"]}
+    created = await ledger.add_session(
+        _session(options=options, checkpointing=False, principal="alice", workspace_snapshots=True)
+    )
     assert created.options == options
-    assert created.checkpointing is False
-    assert created.closed is False
-    assert created.started is False
-    assert created.cwd == "/ws/a"
-    assert created.create_time == created.update_time
-    assert created.create_time.tzinfo is not None
-
-    ledger.touch_session(SID, started=True)
-    record = ledger.session(SID)
-    assert record is not None
-    assert record.started is True and record.closed is False
-
-    ledger.touch_session(SID, closed=True)
-    record = ledger.session(SID)
-    assert record is not None
-    assert record.started is True and record.closed is True
-
-    ledger.touch_session(SID, closed=False)
-    record = ledger.session(SID)
-    assert record is not None
-    assert record.closed is False
-    assert record.options == options
-    assert record.update_time >= created.update_time
+    assert (created.checkpointing, created.closed, created.started) == (False, False, False)
+    assert (created.principal, created.workspace_snapshots) == ("alice", True)
+    assert created.create_time == created.update_time and created.create_time.tzinfo is not None
+    await ledger.touch_session(SID, started=True)
+    await ledger.touch_session(SID, closed=True)
+    record = await ledger.session(SID)
+    assert record is not None and (record.started, record.closed) == (True, True)
+    touched = await ledger.touch_session(SID, closed=False)
+    record = await ledger.session(SID)
+    assert record is not None and not record.closed and record.update_time == touched >= created.update_time
 
 
-def test_session_with_checkpointing_on(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    record = ledger.session(SID)
-    assert record is not None and record.checkpointing is True
+async def test_sessions_lists_every_session_and_ids_are_unique(ledger: Ledger) -> None:
+    assert await ledger.session(SID) is None
+    await ledger.add_session(_session(SID))
+    await ledger.add_session(_session(OTHER))
+    assert {r.session_id for r in await ledger.sessions()} == {SID, OTHER}
+    with pytest.raises(Exception):  # noqa: B017 - each database raises its own integrity error
+        await ledger.add_session(_session(SID))
 
 
-def test_touch_session_returns_the_new_update_time(ledger: Ledger) -> None:
-    created = ledger.add_session(SID, "/ws/a", {}, True, None)
-    touched = ledger.touch_session(SID)
-    record = ledger.session(SID)
-    assert record is not None
-    assert record.update_time == touched
-    assert touched >= created.update_time
-    assert record.create_time == created.create_time
+async def test_a_session_created_with_a_request_id_is_found_by_it(ledger: Ledger) -> None:
+    request = NewRequest("req-1", "CreateSession", "fp", SID)
+    await ledger.add_session(_session(SID), request)
+    recorded = await ledger.request("req-1")
+    assert recorded is not None and recorded.session_id == SID and recorded.same_call(request)
+    with pytest.raises(RequestIdTaken) as taken:
+        await ledger.add_session(_session(OTHER), NewRequest("req-1", "CreateSession", "fp2", OTHER))
+    assert taken.value.existing.session_id == SID
+    assert await ledger.session(OTHER) is None, "the refused insert left nothing behind"
+    await ledger.remove_session(SID)
+    assert await ledger.session(SID) is None and await ledger.request("req-1") is None
 
 
-def test_unknown_session_is_none(ledger: Ledger) -> None:
-    assert ledger.session(SID) is None
-    assert ledger.session_by_request("nope") is None
+# Request ids
 
 
-def test_sessions_lists_every_session(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    ledger.add_session(OTHER, "/ws/b", {}, True, None)
-    assert {r.session_id for r in ledger.sessions()} == {SID, OTHER}
+async def test_a_request_is_recorded_then_finished(ledger: Ledger) -> None:
+    request = NewRequest("req-2", "Prompt", "fp", SID)
+    await ledger.begin_request(request, {"prompt_id": "p-1"})
+    recorded = await ledger.request("req-2")
+    assert recorded is not None and not recorded.done and recorded.result == {"prompt_id": "p-1"}
+    with pytest.raises(RequestIdTaken):
+        await ledger.begin_request(NewRequest("req-2", "Rewind", "other", OTHER))
+    await ledger.finish_request("req-2", {"prompt_id": "p-1", "result": {"subtype": "success"}})
+    recorded = await ledger.request("req-2")
+    assert recorded is not None and recorded.done and recorded.result is not None
+    assert recorded.result["result"] == {"subtype": "success"}
+    assert not recorded.same_call(NewRequest("req-2", "Prompt", "fp", OTHER))
 
 
-def test_session_request_id_is_unique(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, "req-1")
-    with pytest.raises(sqlite3.IntegrityError):
-        ledger.add_session(OTHER, "/ws/b", {}, True, "req-1")
-    found = ledger.session_by_request("req-1")
-    assert found is not None and found.session_id == SID
-    assert ledger.session(OTHER) is None  # the failed insert left nothing behind
-
-
-def test_sessions_without_request_id_do_not_collide(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    ledger.add_session(OTHER, "/ws/b", {}, True, None)
-    assert len(ledger.sessions()) == 2
-
-
-def test_session_id_is_unique(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    with pytest.raises(sqlite3.IntegrityError):
-        ledger.add_session(SID, "/ws/b", {}, True, None)
-
-
-def test_rewind_request_id_is_unique(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1", request_id="req-9")
-    with pytest.raises(sqlite3.IntegrityError):
-        _begin(ledger, "r2", request_id="req-9")
-    found = ledger.rewind_by_request("req-9")
-    assert found is not None and found.rewind_id == "r1"
-    assert ledger.rewind("r2") is None
+async def test_request_ids_past_their_retention_are_forgotten(ledger: Ledger) -> None:
+    await ledger.begin_request(NewRequest("old", "Prompt", "fp", SID))
+    assert await ledger.forget_requests(now() - timedelta(hours=1)) == 0
+    assert await ledger.forget_requests(now() + timedelta(seconds=1)) == 1
+    assert await ledger.request("old") is None
+    await ledger.begin_request(NewRequest("again", "Prompt", "fp", SID))
+    await ledger.forget_request("again")
+    assert await ledger.request("again") is None
 
 
 # Anchors
 
 
-def test_complete_rewind_sets_the_anchor(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    assert ledger.anchor(SID) is None
-    _begin(ledger, "r1")
-    anchor = _anchor("a-1", "r1", size=1234, drops="p-2")
-    ledger.complete_rewind("r1", {"last_message_id": "a-1"}, anchor)
-    assert ledger.anchor(SID) == anchor
-
-
-def test_a_newer_anchor_replaces_the_older_one(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1")
-    ledger.complete_rewind("r1", {}, _anchor("a-1", "r1", size=100, drops="p-2"))
-    _begin(ledger, "r2")
-    newer = _anchor("a-0", "r2", size=200, drops=None)
-    ledger.complete_rewind("r2", {}, newer)
-    assert ledger.anchor(SID) == newer
-
-
-def test_files_only_rewind_leaves_the_anchor_alone(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1")
-    anchor = _anchor("a-1", "r1")
-    ledger.complete_rewind("r1", {}, anchor)
-    _begin(ledger, "r2")
-    ledger.complete_rewind("r2", {}, None)
-    assert ledger.anchor(SID) == anchor
-
-
-def test_clear_anchor_only_clears_the_matching_anchor(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1")
-    ledger.complete_rewind("r1", {}, _anchor("a-1", "r1"))
-    _begin(ledger, "r2")
-    newer = _anchor("a-2", "r2")
-    ledger.complete_rewind("r2", {}, newer)
-
-    ledger.clear_anchor(SID, "a-1")  # the older cut: the newer one stays
-    assert ledger.anchor(SID) == newer
-    ledger.clear_anchor(OTHER, "a-2")  # another session's: nothing changes
-    assert ledger.anchor(SID) == newer
-    ledger.clear_anchor(SID, "a-2")
-    assert ledger.anchor(SID) is None
+async def test_completing_a_conversation_rewind_sets_its_anchor_and_a_newer_one_replaces_it(
+    ledger: Ledger,
+) -> None:
+    await ledger.add_session(_session())
+    assert await ledger.anchor(SID) is None
+    await _begin(ledger, "r1")
+    anchor = _anchor("a-1", "r1", size=1234)
+    await ledger.complete_rewind("r1", {"last_message_id": "a-1"}, anchor, _event("r1"))
+    assert await ledger.anchor(SID) == anchor
+    await _begin(ledger, "r2")
+    await ledger.complete_rewind("r2", {}, None, _event("r2"))
+    assert await ledger.anchor(SID) == anchor, "a files-only rewind leaves it"
+    await _begin(ledger, "r3")
+    newer = _anchor("a-0", "r3", size=200)
+    await ledger.complete_rewind("r3", {}, newer, _event("r3"))
+    assert await ledger.anchor(SID) == newer
+    await ledger.clear_anchor(SID, "a-1")  # the older cut: the newer one stays
+    assert await ledger.anchor(SID) == newer
+    await ledger.clear_anchor(OTHER, "a-0")  # another session's: nothing changes
+    assert await ledger.anchor(SID) == newer
+    await ledger.clear_anchor(SID, "a-0")
+    assert await ledger.anchor(SID) is None
 
 
 # Rewinds
 
 
-def test_begin_rewind_records_a_pending_intent(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1", request_id="req-1")
-    record = ledger.rewind("r1")
+async def test_an_intent_is_pending_until_completed(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await _begin(ledger, "r1", request_id="req-1")
+    record = await ledger.rewind("r1")
     assert record is not None
-    assert record.state == "pending"
-    assert record.cursor is None
-    assert record.result is None
-    assert record.session_id == SID
-    assert record.request_id == "req-1"
-    assert record.fingerprint == "fp-r1"
-    assert record.message_id == "msg-r1"
-    assert record.mode == "BOTH"
-    assert record.plan == {"target": "msg-r1", "anchor": None}
-    assert record.principal == "alice"
-    assert record.occur_time.tzinfo is not None
+    assert (record.state, record.cursor, record.result, record.files_applied) == (
+        "pending",
+        None,
+        None,
+        False,
+    )
+    assert (record.session_id, record.request_id, record.message_id, record.mode) == (
+        SID,
+        "req-1",
+        "msg-r1",
+        "both",
+    )
+    assert record.plan == {"target": "msg-r1", "anchor": None} and record.principal == "alice"
+    request = await ledger.request("req-1")
+    assert request is not None and request.result == {"rewind_id": "r1"} and not request.done
+    await ledger.mark_files_applied("r1")
+    record = await ledger.rewind("r1")
+    assert record is not None and record.files_applied
+    result = {"rewind_id": "r1", "files": {"files_changed": ["a.txt"]}}
+    cursor = await ledger.complete_rewind("r1", result, None, _event("r1"))
+    record = await ledger.rewind("r1")
+    assert record is not None and (record.state, record.result, record.cursor) == ("applied", result, cursor)
+    request = await ledger.request("req-1")
+    assert request is not None and request.done
 
 
-def test_complete_rewind_marks_it_applied_and_stores_the_result(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1")
-    result = {"rewind_id": "r1", "files": {"can_rewind": True, "files_changed": ["a.txt"]}}
-    ledger.complete_rewind("r1", result, None)
-    record = ledger.rewind("r1")
-    assert record is not None
-    assert record.state == "applied"
-    assert record.result == result
-    assert record.cursor == 1
-
-
-def test_complete_rewind_touches_the_session(ledger: Ledger) -> None:
-    created = ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1")
-    ledger.complete_rewind("r1", {}, None)
-    record = ledger.session(SID)
-    assert record is not None and record.update_time >= created.update_time
-
-
-def test_cursors_are_gap_free_when_an_intent_in_between_is_abandoned(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    ledger.add_session(OTHER, "/ws/b", {}, True, None)
-    _begin(ledger, "r1")
-    ledger.complete_rewind("r1", {}, None)
-    _begin(ledger, "r2")  # its files half will be refused
-    _begin(ledger, "r3", session_id=OTHER)
-    ledger.abandon_rewind("r2")
-    ledger.complete_rewind("r3", {}, None)
-    _begin(ledger, "r4")
-    ledger.complete_rewind("r4", {}, None)
-
-    assert ledger.rewind("r2") is None
-    cursors = [(r.rewind_id, r.cursor) for r in ledger.rewinds()]
-    assert cursors == [("r1", 1), ("r3", 2), ("r4", 3)]
-    assert [r.rewind_id for r in ledger.rewinds(OTHER)] == ["r3"]
-
-
-def test_cursor_follows_completion_order_not_intent_order(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "early")
-    _begin(ledger, "late")
-    ledger.complete_rewind("late", {}, None)
-    ledger.complete_rewind("early", {}, None)
-    late, early = ledger.rewind("late"), ledger.rewind("early")
-    assert late is not None and early is not None
-    assert (late.cursor, early.cursor) == (1, 2)
-
-
-def test_abandon_rewind_does_not_drop_an_applied_rewind(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
-    _begin(ledger, "r1")
-    ledger.complete_rewind("r1", {}, None)
-    ledger.abandon_rewind("r1")
-    record = ledger.rewind("r1")
+async def test_abandoning_an_intent_forgets_it_and_its_request_but_never_an_applied_rewind(
+    ledger: Ledger,
+) -> None:
+    await ledger.add_session(_session())
+    await _begin(ledger, "r1", request_id="req-1")
+    await ledger.abandon_rewind("r1")
+    assert await ledger.rewind("r1") is None and await ledger.request("req-1") is None
+    await _begin(ledger, "r2", request_id="req-2")
+    await ledger.complete_rewind("r2", {}, None, _event("r2"))
+    await ledger.abandon_rewind("r2")
+    record = await ledger.rewind("r2")
     assert record is not None and record.state == "applied"
+    assert await ledger.request("req-2") is not None
 
 
-def test_pending_rewinds_lists_only_pending(ledger: Ledger) -> None:
-    ledger.add_session(SID, "/ws/a", {}, True, None)
+async def test_a_rewind_request_id_is_taken_once(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await _begin(ledger, "r1", request_id="req-9")
+    with pytest.raises(RequestIdTaken):
+        await _begin(ledger, "r2", request_id="req-9")
+    assert await ledger.rewind("r2") is None
+
+
+async def test_pending_rewinds_by_session(ledger: Ledger) -> None:
+    await ledger.add_session(_session(SID))
+    await ledger.add_session(_session(OTHER))
     for rid in ("r1", "r2", "r3", "r4"):
-        _begin(ledger, rid)
-    ledger.complete_rewind("r2", {}, None)
-    ledger.abandon_rewind("r4")
-    assert [r.rewind_id for r in ledger.pending_rewinds()] == ["r1", "r3"]
-    assert all(r.state == "pending" for r in ledger.pending_rewinds())
+        await _begin(ledger, rid)
+    await _begin(ledger, "o1", session_id=OTHER)
+    await ledger.complete_rewind("r2", {}, None, _event("r2"))
+    await ledger.abandon_rewind("r4")
+    assert [r.rewind_id for r in await ledger.pending_rewinds()] == ["r1", "r3", "o1"]
+    assert [r.rewind_id for r in await ledger.pending_rewinds(SID)] == ["r1", "r3"]
+    assert [r.rewind_id for r in await ledger.rewinds(OTHER)] == ["o1"]
 
 
-def test_rewind_for_an_unknown_session_is_refused(ledger: Ledger) -> None:
-    with pytest.raises(sqlite3.IntegrityError):
-        _begin(ledger, "r1", session_id="no-such-session")
+async def test_completing_a_rewind_twice_is_refused_and_appends_no_event(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await _begin(ledger, "r1")
+    await ledger.complete_rewind("r1", {}, None, _event("r1"))
+    with pytest.raises(LookupError):
+        await ledger.complete_rewind("r1", {}, None, _event("r1"))
+    assert [e.rewind_id for e in await ledger.events_after(0)] == ["r1"]
 
 
-# Durability
+# The event log
 
 
-def test_data_survives_closing_and_reopening_the_file(path: Path) -> None:
-    first = Ledger(path)
-    first.add_session(SID, "/ws/a", {"model": "m", "max_turns": 3}, False, "req-1")
-    first.touch_session(SID, started=True)
-    _begin(first, "r1", request_id="rw-1")
-    anchor = _anchor("a-1", "r1", drops="p-9")
-    first.complete_rewind("r1", {"ok": True}, anchor)
-    _begin(first, "r2")
-    first.close()
-
-    second = Ledger(path)
-    try:
-        record = second.session(SID)
-        assert record is not None
-        assert record.options == {"model": "m", "max_turns": 3}
-        assert record.checkpointing is False
-        assert record.started is True
-        assert second.session_by_request("req-1") == record
-        assert second.anchor(SID) == anchor
-        applied = second.rewind_by_request("rw-1")
-        assert applied is not None
-        assert (applied.state, applied.cursor, applied.result) == ("applied", 1, {"ok": True})
-        assert [r.rewind_id for r in second.pending_rewinds()] == ["r2"]
-        # Cursors continue after the reopen.
-        second.complete_rewind("r2", {}, None)
-        completed = second.rewind("r2")
-        assert completed is not None and completed.cursor == 2
-    finally:
-        second.close()
+async def test_cursors_are_gap_free_and_follow_completion_order(ledger: Ledger) -> None:
+    await ledger.add_session(_session(SID))
+    await ledger.add_session(_session(OTHER))
+    assert await ledger.event_bounds() == (0, 0)
+    await _begin(ledger, "early")
+    await _begin(ledger, "late")
+    await _begin(ledger, "dropped")
+    await _begin(ledger, "other", session_id=OTHER)
+    assert await ledger.complete_rewind("late", {}, None, _event("late", messages_dropped=2)) == 1
+    await ledger.abandon_rewind("dropped")
+    assert await ledger.complete_rewind("other", {}, None, _event("other", OTHER)) == 2
+    assert await ledger.complete_rewind("early", {}, None, _event("early")) == 3
+    events = await ledger.events_after(0)
+    assert [(e.cursor, e.rewind_id) for e in events] == [(1, "late"), (2, "other"), (3, "early")]
+    assert events[0].data == {"messages_dropped": 2} and events[0].kind == "REWOUND"
+    assert events[0].principal == "alice" and events[0].occur_time.tzinfo is not None
+    assert [e.cursor for e in await ledger.events_after(1)] == [2, 3]
+    assert [e.cursor for e in await ledger.events_after(0, session_id=SID)] == [1, 3]
+    assert [e.cursor for e in await ledger.events_after(0, limit=2)] == [1, 2]
+    assert await ledger.event_bounds() == (1, 3)
 
 
-def test_ledger_creates_its_directory(tmp_path: Path) -> None:
-    path = tmp_path / "deep" / "er" / "ledger.sqlite3"
-    Ledger(path).close()
-    assert path.exists()
+async def test_trimming_keeps_the_newest_and_cursors_go_on(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    for n in range(5):
+        await _begin(ledger, f"r{n}")
+        await ledger.complete_rewind(f"r{n}", {}, None, _event(f"r{n}"))
+    assert await ledger.trim_events(keep=2, older_than=None) == 3
+    assert await ledger.event_bounds() == (4, 5)
+    assert await ledger.trim_events(keep=None, older_than=now() + timedelta(seconds=1)) == 2
+    assert await ledger.event_bounds() == (6, 5), "nothing retained: the oldest is past the newest"
+    await _begin(ledger, "r5")
+    assert await ledger.complete_rewind("r5", {}, None, _event("r5")) == 6
+    assert await ledger.event_bounds() == (6, 6)
+
+
+async def test_concurrent_completions_get_distinct_consecutive_cursors(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    ids = [f"r{n}" for n in range(20)]
+    for rid in ids:
+        await _begin(ledger, rid)
+    cursors = await asyncio.gather(*(ledger.complete_rewind(r, {}, None, _event(r)) for r in ids))
+    assert sorted(cursors) == list(range(1, 21))

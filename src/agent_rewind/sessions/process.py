@@ -1,0 +1,89 @@
+"""The live Claude Code process of one session: started or resumed, let go, killed.
+
+A session has at most one process at a time, and two processes never write one transcript at
+once: a new one starts only after the one let go before it has exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent_rewind.errors import AgentUnavailable, ShuttingDown
+from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
+
+ClientFactory = Callable[[ClientSpec], AgentClient]
+
+
+class AgentProcess:
+    def __init__(self, session_id: str, factory: ClientFactory, log: Any) -> None:
+        self._session_id = session_id
+        self._factory = factory
+        self._log = log
+        self.client: AgentClient | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        # Set when the server stops: no process may start from then on.
+        self.stopped = False
+
+    @property
+    def alive(self) -> bool:
+        return self.client is not None and self.client.alive
+
+    @property
+    def pid(self) -> int | None:
+        return self.client.pid if self.client is not None else None
+
+    async def start(self, spec: ClientSpec) -> AgentClient:
+        """A new process for `spec`, after any process let go before it has exited."""
+        if self.stopped:
+            raise ShuttingDown()
+        if self.client is not None:
+            self._log.warning("cli process gone; resuming the session in a new one")
+            self.let_go()
+        await self.settle()
+        started = time.perf_counter()
+        client = self._factory(spec)
+        try:
+            await client.start()
+        except AgentError as err:
+            self._log.error("cli did not start", error=str(err))
+            raise AgentUnavailable(self._session_id, str(err)) from err
+        if self.stopped:
+            # The server began to stop while this process started: it must not outlive it.
+            await client.close()
+            raise ShuttingDown()
+        self.client = client
+        self._log.info(
+            "cli started",
+            pid=client.pid,
+            resume=spec.resume,
+            resume_session_at=spec.resume_session_at,
+            ms=round((time.perf_counter() - started) * 1000),
+        )
+        return client
+
+    def let_go(self) -> None:
+        """Lets go of the process; it ends in the background (`settle` waits for it)."""
+        client, self.client = self.client, None
+        if client is None:
+            return
+        task = asyncio.create_task(client.close(), name=f"close-cli-{self._session_id}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def kill(self) -> None:
+        """Ends the process now (SIGKILL) and waits until it has."""
+        client = self.client
+        if client is None:
+            return
+        self._log.warning("killing the cli process", pid=client.pid)
+        await client.kill()
+        if self.client is client:
+            self.client = None
+
+    async def settle(self) -> None:
+        """Waits until every process let go has exited."""
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,573 @@
+"""The embedded ledger: one SQLite file under the state dir (WAL, synchronous=FULL).
+
+Writes run in a worker thread (their fsync must not hold up the event loop, nor every other
+session) on one connection, one transaction each, so when a call returns its write is on disk.
+Reads run inline on a second connection: WAL lets them proceed while a write commits. The schema
+is versioned (`PRAGMA user_version`) and migrated forward at open, so a state dir written by an
+older version is upgraded in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agent_rewind.store.ledger import (
+    Anchor,
+    EventRecord,
+    NewEvent,
+    NewRequest,
+    NewRewind,
+    NewSession,
+    RequestIdTaken,
+    RequestRecord,
+    RewindRecord,
+    SessionRecord,
+    dumps,
+    now,
+)
+
+T = TypeVar("T")
+
+# Each entry upgrades the schema by one version; never edit one that has shipped.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: round 1.
+    """
+    CREATE TABLE IF NOT EXISTS sessions (
+        session_id TEXT PRIMARY KEY,
+        cwd TEXT NOT NULL,
+        options_json TEXT NOT NULL,
+        checkpointing INTEGER NOT NULL,
+        create_time TEXT NOT NULL,
+        update_time TEXT NOT NULL,
+        closed INTEGER NOT NULL DEFAULT 0,
+        started INTEGER NOT NULL DEFAULT 0,
+        request_id TEXT
+    );
+    CREATE UNIQUE INDEX IF NOT EXISTS sessions_request_id ON sessions(request_id) WHERE request_id IS NOT NULL;
+    CREATE TABLE IF NOT EXISTS anchors (
+        session_id TEXT PRIMARY KEY REFERENCES sessions(session_id),
+        anchor_uuid TEXT NOT NULL,
+        target_message_id TEXT NOT NULL,
+        transcript_size INTEGER NOT NULL,
+        drops_turn TEXT,
+        rewind_id TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS rewinds (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cursor INTEGER UNIQUE,
+        rewind_id TEXT NOT NULL UNIQUE,
+        session_id TEXT NOT NULL REFERENCES sessions(session_id),
+        request_id TEXT,
+        fingerprint TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'applied')),
+        files_applied INTEGER NOT NULL DEFAULT 0,
+        plan_json TEXT NOT NULL,
+        result_json TEXT,
+        principal TEXT NOT NULL DEFAULT '',
+        occur_time TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX IF NOT EXISTS rewinds_request_id ON rewinds(request_id) WHERE request_id IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS rewinds_pending ON rewinds(state) WHERE state = 'pending';
+    CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+    """,
+    # 2: request ids for every idempotent call, the event log with its own counter, owners.
+    """
+    ALTER TABLE sessions ADD COLUMN principal TEXT NOT NULL DEFAULT '';
+    ALTER TABLE sessions ADD COLUMN workspace_snapshots INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE rewinds ADD COLUMN kind TEXT NOT NULL DEFAULT 'rewind';
+    CREATE TABLE requests (
+        request_id TEXT PRIMARY KEY,
+        method TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        done INTEGER NOT NULL DEFAULT 0,
+        result_json TEXT,
+        create_time TEXT NOT NULL
+    );
+    CREATE INDEX requests_create_time ON requests(create_time);
+    INSERT INTO requests (request_id, method, fingerprint, session_id, done, create_time)
+        SELECT request_id, 'CreateSession', '', session_id, 1, create_time FROM sessions
+        WHERE request_id IS NOT NULL;
+    INSERT INTO requests (request_id, method, fingerprint, session_id, done, result_json, create_time)
+        SELECT request_id, 'Rewind', fingerprint, session_id, state = 'applied',
+               json_object('rewind_id', rewind_id), occur_time
+        FROM rewinds WHERE request_id IS NOT NULL;
+    DROP INDEX sessions_request_id;
+    DROP INDEX rewinds_request_id;
+    CREATE TABLE events (
+        cursor INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        rewind_id TEXT NOT NULL DEFAULT '',
+        principal TEXT NOT NULL DEFAULT '',
+        occur_time TEXT NOT NULL,
+        data_json TEXT NOT NULL
+    );
+    CREATE INDEX events_session ON events(session_id, cursor);
+    INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data_json)
+        SELECT cursor, 'REWOUND', session_id, rewind_id, principal, occur_time,
+               json_object('message_id', message_id, 'mode', lower(mode))
+        FROM rewinds WHERE cursor IS NOT NULL;
+    CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+    INSERT INTO counters (name, value) SELECT 'event_cursor', COALESCE(MAX(cursor), 0) FROM events;
+    """,
+)
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+class SqliteLedger:
+    """`Ledger` on an SQLite file. Open with `await SqliteLedger.open(path)`."""
+
+    def __init__(self, path: Path, busy_timeout: float = 5.0) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._busy_ms = int(busy_timeout * 1000)
+        self._writer = self._connect()
+        self._reader = self._connect()
+        self._write_lock = threading.Lock()
+        self._migrate()
+
+    @classmethod
+    async def open(cls, path: Path, busy_timeout: float = 5.0) -> SqliteLedger:
+        return await asyncio.to_thread(cls, path, busy_timeout)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        # Another writer (a backup, an operator's sqlite3 shell) gets a few seconds, not an error.
+        db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        return db
+
+    def _migrate(self) -> None:
+        with self._write_lock:
+            version = int(self._writer.execute("PRAGMA user_version").fetchone()[0])
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                self._writer.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in _statements(script):
+                        self._writer.execute(statement)
+                    self._writer.execute(f"PRAGMA user_version={number}")
+                except BaseException:
+                    self._writer.execute("ROLLBACK")
+                    raise
+                self._writer.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._reader.execute("PRAGMA user_version").fetchone()[0])
+
+    async def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+        self._reader.close()
+
+    # Plumbing
+
+    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Runs `work` in one IMMEDIATE transaction, off the event loop."""
+
+        def run() -> T:
+            with self._write_lock:
+                self._writer.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(self._writer)
+                except BaseException:
+                    self._writer.execute("ROLLBACK")
+                    raise
+                self._writer.execute("COMMIT")
+                return result
+
+        return await asyncio.to_thread(run)
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return list(self._reader.execute(sql, args).fetchall())
+
+    # Secrets
+
+    async def secret(self, name: str, size: int = 32) -> bytes:
+        rows = self._rows("SELECT value FROM secrets WHERE name = ?", (name,))
+        if rows:
+            return bytes(rows[0]["value"])
+
+        def insert(db: sqlite3.Connection) -> bytes:
+            db.execute(
+                "INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (name, os.urandom(size)),
+            )
+            return bytes(db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()["value"])
+
+        return await self._write(insert)
+
+    # Sessions
+
+    @staticmethod
+    def _session(row: sqlite3.Row) -> SessionRecord:
+        return SessionRecord(
+            session_id=row["session_id"],
+            cwd=row["cwd"],
+            options=_loads(row["options_json"]),
+            checkpointing=bool(row["checkpointing"]),
+            create_time=_time(row["create_time"]),
+            update_time=_time(row["update_time"]),
+            closed=bool(row["closed"]),
+            started=bool(row["started"]),
+            principal=row["principal"],
+            workspace_snapshots=bool(row["workspace_snapshots"]),
+        )
+
+    async def add_session(self, new: NewSession, request: NewRequest | None = None) -> SessionRecord:
+        stamp = now().isoformat()
+
+        def insert(db: sqlite3.Connection) -> None:
+            if request is not None:
+                _insert_request(db, request, stamp)
+            db.execute(
+                "INSERT INTO sessions (session_id, cwd, options_json, checkpointing, create_time, update_time,"
+                " principal, workspace_snapshots, request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    new.session_id,
+                    new.cwd,
+                    dumps(new.options),
+                    int(new.checkpointing),
+                    stamp,
+                    stamp,
+                    new.principal,
+                    int(new.workspace_snapshots),
+                    request.request_id if request else None,
+                ),
+            )
+
+        await self._write(insert)
+        record = await self.session(new.session_id)
+        assert record is not None
+        return record
+
+    async def remove_session(self, session_id: str) -> None:
+        def delete(db: sqlite3.Connection) -> None:
+            db.execute(
+                "DELETE FROM requests WHERE session_id = ? AND method = 'CreateSession'", (session_id,)
+            )
+            db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+
+        await self._write(delete)
+
+    async def session(self, session_id: str) -> SessionRecord | None:
+        rows = self._rows("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
+        return self._session(rows[0]) if rows else None
+
+    async def sessions(self) -> list[SessionRecord]:
+        return [
+            self._session(r) for r in self._rows("SELECT * FROM sessions ORDER BY create_time, session_id")
+        ]
+
+    async def touch_session(
+        self, session_id: str, *, closed: bool | None = None, started: bool | None = None
+    ) -> datetime:
+        stamp = now()
+        sets, args = ["update_time = ?"], [stamp.isoformat()]
+        if closed is not None:
+            sets.append("closed = ?")
+            args.append(str(int(closed)))
+        if started is not None:
+            sets.append("started = ?")
+            args.append(str(int(started)))
+        sql = f"UPDATE sessions SET {', '.join(sets)} WHERE session_id = ?"
+        await self._write(lambda db: db.execute(sql, (*args, session_id)))
+        return stamp
+
+    # Request ids
+
+    async def request(self, request_id: str) -> RequestRecord | None:
+        rows = self._rows("SELECT * FROM requests WHERE request_id = ?", (request_id,))
+        return _request(rows[0]) if rows else None
+
+    async def begin_request(self, request: NewRequest, result: dict[str, Any] | None = None) -> None:
+        stamp = now().isoformat()
+        await self._write(lambda db: _insert_request(db, request, stamp, result))
+
+    async def finish_request(self, request_id: str, result: dict[str, Any]) -> None:
+        await self._write(
+            lambda db: db.execute(
+                "UPDATE requests SET done = 1, result_json = ? WHERE request_id = ?",
+                (dumps(result), request_id),
+            )
+        )
+
+    async def forget_request(self, request_id: str) -> None:
+        await self._write(lambda db: db.execute("DELETE FROM requests WHERE request_id = ?", (request_id,)))
+
+    async def forget_requests(self, older_than: datetime) -> int:
+        def delete(db: sqlite3.Connection) -> int:
+            return db.execute(
+                "DELETE FROM requests WHERE create_time < ?", (older_than.isoformat(),)
+            ).rowcount
+
+        return await self._write(delete)
+
+    # Pending conversation cuts
+
+    async def anchor(self, session_id: str) -> Anchor | None:
+        rows = self._rows("SELECT * FROM anchors WHERE session_id = ?", (session_id,))
+        if not rows:
+            return None
+        r = rows[0]
+        return Anchor(
+            r["session_id"],
+            r["anchor_uuid"],
+            r["target_message_id"],
+            r["transcript_size"],
+            r["drops_turn"],
+            r["rewind_id"],
+        )
+
+    async def clear_anchor(self, session_id: str, anchor_uuid: str) -> None:
+        await self._write(
+            lambda db: db.execute(
+                "DELETE FROM anchors WHERE session_id = ? AND anchor_uuid = ?", (session_id, anchor_uuid)
+            )
+        )
+
+    # Rewinds
+
+    @staticmethod
+    def _rewind(row: sqlite3.Row) -> RewindRecord:
+        return RewindRecord(
+            rewind_id=row["rewind_id"],
+            session_id=row["session_id"],
+            request_id=row["request_id"],
+            message_id=row["message_id"],
+            mode=row["mode"],
+            state=row["state"],
+            files_applied=bool(row["files_applied"]),
+            plan=_loads(row["plan_json"]),
+            result=_loads(row["result_json"]) if row["result_json"] else None,
+            principal=row["principal"],
+            occur_time=_time(row["occur_time"]),
+            kind=row["kind"],
+            cursor=row["cursor"],
+        )
+
+    async def begin_rewind(self, new: NewRewind) -> None:
+        stamp = now().isoformat()
+
+        def insert(db: sqlite3.Connection) -> None:
+            if new.request is not None:
+                _insert_request(db, new.request, stamp, result={"rewind_id": new.rewind_id})
+            db.execute(
+                "INSERT INTO rewinds (rewind_id, session_id, request_id, fingerprint, message_id, mode, state,"
+                " plan_json, principal, occur_time, kind) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+                (
+                    new.rewind_id,
+                    new.session_id,
+                    new.request.request_id if new.request else None,
+                    new.request.fingerprint if new.request else "",
+                    new.message_id,
+                    new.mode,
+                    dumps(new.plan),
+                    new.principal,
+                    stamp,
+                    new.kind,
+                ),
+            )
+
+        await self._write(insert)
+
+    async def mark_files_applied(self, rewind_id: str) -> None:
+        await self._write(
+            lambda db: db.execute("UPDATE rewinds SET files_applied = 1 WHERE rewind_id = ?", (rewind_id,))
+        )
+
+    async def complete_rewind(
+        self, rewind_id: str, result: dict[str, Any], anchor: Anchor | None, event: NewEvent
+    ) -> int:
+        stamp = now().isoformat()
+
+        def complete(db: sqlite3.Connection) -> int:
+            cursor = _append_event(db, event, stamp)
+            changed = db.execute(
+                "UPDATE rewinds SET state = 'applied', result_json = ?, cursor = ?"
+                " WHERE rewind_id = ? AND state = 'pending'",
+                (dumps(result), cursor, rewind_id),
+            ).rowcount
+            if changed != 1:
+                raise LookupError(f"no pending rewind {rewind_id}")
+            db.execute(
+                "UPDATE requests SET done = 1 WHERE request_id = (SELECT request_id FROM rewinds WHERE rewind_id = ?)",
+                (rewind_id,),
+            )
+            if anchor is not None:
+                db.execute(
+                    "INSERT INTO anchors (session_id, anchor_uuid, target_message_id, transcript_size,"
+                    " drops_turn, rewind_id) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET"
+                    " anchor_uuid = excluded.anchor_uuid, target_message_id = excluded.target_message_id,"
+                    " transcript_size = excluded.transcript_size, drops_turn = excluded.drops_turn,"
+                    " rewind_id = excluded.rewind_id",
+                    (
+                        anchor.session_id,
+                        anchor.anchor_uuid,
+                        anchor.target_message_id,
+                        anchor.transcript_size,
+                        anchor.drops_turn,
+                        anchor.rewind_id,
+                    ),
+                )
+            db.execute(
+                "UPDATE sessions SET update_time = ? WHERE session_id = (SELECT session_id FROM rewinds"
+                " WHERE rewind_id = ?)",
+                (stamp, rewind_id),
+            )
+            return cursor
+
+        return await self._write(complete)
+
+    async def abandon_rewind(self, rewind_id: str) -> None:
+        def delete(db: sqlite3.Connection) -> None:
+            db.execute(
+                "DELETE FROM requests WHERE request_id = (SELECT request_id FROM rewinds"
+                " WHERE rewind_id = ? AND state = 'pending')",
+                (rewind_id,),
+            )
+            db.execute("DELETE FROM rewinds WHERE rewind_id = ? AND state = 'pending'", (rewind_id,))
+
+        await self._write(delete)
+
+    async def rewind(self, rewind_id: str) -> RewindRecord | None:
+        rows = self._rows("SELECT * FROM rewinds WHERE rewind_id = ?", (rewind_id,))
+        return self._rewind(rows[0]) if rows else None
+
+    async def pending_rewinds(self, session_id: str | None = None) -> list[RewindRecord]:
+        if session_id is None:
+            rows = self._rows("SELECT * FROM rewinds WHERE state = 'pending' ORDER BY id")
+        else:
+            rows = self._rows(
+                "SELECT * FROM rewinds WHERE state = 'pending' AND session_id = ? ORDER BY id", (session_id,)
+            )
+        return [self._rewind(r) for r in rows]
+
+    async def rewinds(self, session_id: str | None = None) -> list[RewindRecord]:
+        if session_id is None:
+            return [self._rewind(r) for r in self._rows("SELECT * FROM rewinds ORDER BY id")]
+        rows = self._rows("SELECT * FROM rewinds WHERE session_id = ? ORDER BY id", (session_id,))
+        return [self._rewind(r) for r in rows]
+
+    # The event log
+
+    async def events_after(
+        self, cursor: int, session_id: str | None = None, limit: int = 1000
+    ) -> list[EventRecord]:
+        if session_id is None:
+            rows = self._rows(
+                "SELECT * FROM events WHERE cursor > ? ORDER BY cursor LIMIT ?", (cursor, limit)
+            )
+        else:
+            rows = self._rows(
+                "SELECT * FROM events WHERE session_id = ? AND cursor > ? ORDER BY cursor LIMIT ?",
+                (session_id, cursor, limit),
+            )
+        return [_event(r) for r in rows]
+
+    async def event_bounds(self) -> tuple[int, int]:
+        newest = int(self._rows("SELECT value FROM counters WHERE name = 'event_cursor'")[0]["value"])
+        oldest = self._rows("SELECT MIN(cursor) AS c FROM events")[0]["c"]
+        if newest == 0:
+            return 0, 0
+        return (int(oldest) if oldest is not None else newest + 1), newest
+
+    async def trim_events(self, keep: int | None, older_than: datetime | None) -> int:
+        def trim(db: sqlite3.Connection) -> int:
+            dropped = 0
+            if older_than is not None:
+                dropped += db.execute(
+                    "DELETE FROM events WHERE occur_time < ?", (older_than.isoformat(),)
+                ).rowcount
+            if keep is not None:
+                dropped += db.execute(
+                    "DELETE FROM events WHERE cursor <= (SELECT value FROM counters WHERE name = 'event_cursor') - ?",
+                    (keep,),
+                ).rowcount
+            return dropped
+
+        return await self._write(trim)
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _loads(text: str) -> Any:
+    import json
+
+    return json.loads(text)
+
+
+def _request(row: sqlite3.Row) -> RequestRecord:
+    return RequestRecord(
+        request_id=row["request_id"],
+        method=row["method"],
+        fingerprint=row["fingerprint"],
+        session_id=row["session_id"],
+        done=bool(row["done"]),
+        result=_loads(row["result_json"]) if row["result_json"] else None,
+        create_time=_time(row["create_time"]),
+    )
+
+
+def _insert_request(
+    db: sqlite3.Connection, request: NewRequest, stamp: str, result: dict[str, Any] | None = None
+) -> None:
+    existing = db.execute("SELECT * FROM requests WHERE request_id = ?", (request.request_id,)).fetchone()
+    if existing is not None:
+        raise RequestIdTaken(_request(existing))
+    db.execute(
+        "INSERT INTO requests (request_id, method, fingerprint, session_id, result_json, create_time)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            request.request_id,
+            request.method,
+            request.fingerprint,
+            request.session_id,
+            dumps(result) if result is not None else None,
+            stamp,
+        ),
+    )
+
+
+def _append_event(db: sqlite3.Connection, event: NewEvent, stamp: str) -> int:
+    cursor = int(
+        db.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'event_cursor' RETURNING value"
+        ).fetchone()[0]
+    )
+    db.execute(
+        "INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data_json)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (cursor, event.kind, event.session_id, event.rewind_id, event.principal, stamp, dumps(event.data)),
+    )
+    return cursor
+
+
+def _event(row: sqlite3.Row) -> EventRecord:
+    return EventRecord(
+        cursor=row["cursor"],
+        kind=row["kind"],
+        session_id=row["session_id"],
+        rewind_id=row["rewind_id"],
+        principal=row["principal"],
+        occur_time=_time(row["occur_time"]),
+        data=_loads(row["data_json"]),
+    )
