@@ -286,3 +286,12 @@ class SubscriberTooSlow(AgentRewindError):
             f"the watcher fell too far behind; watch again with after_cursor={last_cursor}",
             metadata={"last_cursor": str(last_cursor)},
         )
+
+
+class StorageUnavailable(AgentRewindError):
+    """The ledger could not be written (disk full, database locked). Retryable."""
+
+    reason = "STORAGE_UNAVAILABLE"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"the service could not write its ledger: {detail}; retry")

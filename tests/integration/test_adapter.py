@@ -16,8 +16,8 @@ import pytest
 
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
-from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.testing import ScriptedModel
 
 
@@ -111,7 +111,8 @@ async def test_checkpoints_survive_the_process_and_resume_at_cuts_the_conversati
         for e in map(json.loads, transcript.read_text().splitlines())
         if e.get("uuid")
     }
-    resumed = _client(_spec(tmp_path, model, session_id=spec.session_id, resume=True, resume_session_at=parents[ids[1]])
+    resumed = _client(
+        _spec(tmp_path, model, session_id=spec.session_id, resume=True, resume_session_at=parents[ids[1]])
     )
     await resumed.start()
     try:

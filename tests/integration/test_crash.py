@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent_rewind import faults
 from agent_rewind.testing.server_process import ServerProcess
-from tests.integration.harness import BOTH, Client, client_of, prompt_id, read
+from tests.integration.harness import BOTH, CONVERSATION, FILES, Client, client_of, prompt_id, read
 
 P0 = "write a.txt v0\nsay made a"
 P1 = "edit a.txt v0 => v1\nwrite b.txt bee"
@@ -78,3 +79,138 @@ async def test_a_crash_after_the_intent_is_recorded_is_finished_by_the_restart(
     result = await c.rewind(sid, ids[1], BOTH, request_id=rid)
     assert result.rewind_id and result.files.can_rewind and result.conversation.rewound
     assert await c.recall(sid) == [P0, "recall"]
+
+
+# The usual crash: the server and its CLI processes die together (a pod killed for memory).
+
+
+async def test_dropped_turns_stay_dropped_when_the_server_and_its_cli_die_together(
+    server: ServerProcess,
+) -> None:
+    await server.start()
+    c = client_of(server)
+    session = await c.create()
+    sid, cwd = session.session_id, Path(session.cwd)
+    t1 = prompt_id(await c.prompt(sid, "write a.txt one"))
+    t2 = prompt_id(await c.prompt(sid, "write a.txt two"))
+    await c.rewind(sid, t2, BOTH)
+    t3 = prompt_id(await c.prompt(sid, "write a.txt three"))
+    server.kill(with_cli=True)
+    await server.wait()
+    await server.start()
+    c = client_of(server)
+    assert [p.message_id for p in (await c.points(sid)).points] == [t1, t3]
+    assert await c.recall(sid) == ["write a.txt one", "write a.txt three", "recall"]
+    assert (await c.dry_run(sid, t3, FILES)).files.can_rewind, "t3's checkpoint is there"
+    await c.rewind(sid, t3, FILES)
+    assert read(cwd / "a.txt") == "one\n"
+
+
+async def test_a_second_both_rewind_then_a_crash_leaves_a_working_session(server: ServerProcess) -> None:
+    await server.start()
+    c = client_of(server)
+    sid, _, ids = await _three_turns(c)
+    await c.rewind(sid, ids[2], BOTH)
+    await c.rewind(sid, ids[1], BOTH)
+    server.kill(with_cli=True)
+    await server.wait()
+    kept = ids[:1]
+    for _ in range(2):  # and on every later start
+        await server.start()
+        c = client_of(server)
+        assert [p.message_id for p in (await c.points(sid)).points] == kept
+        kept.append(prompt_id(await c.prompt(sid, "say on")))
+        await server.stop()
+    await server.start()
+    assert await client_of(server).recall(sid) == [P0, "say on", "say on", "recall"]
+
+
+async def test_a_conversation_rewind_after_a_crash_works(server: ServerProcess) -> None:
+    await server.start()
+    c = client_of(server)
+    sid, _, ids = await _three_turns(c)
+    server.kill(with_cli=True)
+    await server.wait()
+    await server.start()
+    c = client_of(server)
+    result = await c.rewind(sid, ids[2], CONVERSATION)
+    assert result.conversation.rewound
+    assert await c.recall(sid) == [P0, P1, "recall"]
+
+
+# Chaos: a SIGKILL of the server and its CLI processes at every step, then a restart.
+
+REWIND_STEPS = [s for s in faults.STEPS if s.startswith("rewind.")]
+TURN_STEPS = [s for s in faults.STEPS if s.startswith("turn.")]
+APPLIED_FROM = REWIND_STEPS.index("rewind.intent_recorded")
+
+
+def _files(cwd: Path) -> tuple[str | None, ...]:
+    return tuple(read(cwd / name) for name in ("a.txt", "b.txt", "c.txt"))
+
+
+@pytest.mark.parametrize("step", REWIND_STEPS)
+async def test_a_crash_at_any_step_of_a_rewind_leaves_all_of_it_or_none(
+    server: ServerProcess, step: str
+) -> None:
+    await server.start(fault=step, fault_scope="group")
+    c = client_of(server)
+    sid, cwd, ids = await _three_turns(c)
+    before = _files(cwd)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await c.rewind(sid, ids[1], BOTH)
+    assert await server.wait() == -9
+    await server.start()
+    c = client_of(server)
+    points = [p.message_id for p in (await c.points(sid)).points]
+    applied = REWIND_STEPS.index(step) >= APPLIED_FROM
+    if applied:
+        assert (points, _files(cwd)) == (ids[:1], ("v0\n", None, None)), step
+        assert await c.recall(sid) == [P0, "recall"], step
+    else:
+        assert (points, _files(cwd)) == (ids, before), step
+        assert await c.recall(sid) == [P0, P1, P2, "recall"], step
+    assert server_ledger_is_settled(server)
+
+
+@pytest.mark.parametrize("step", TURN_STEPS)
+async def test_a_crash_at_any_step_of_a_turn_loses_no_earlier_turn_and_the_session_goes_on(
+    server: ServerProcess, step: str
+) -> None:
+    await server.start(fault=f"{step}@3", fault_scope="group")  # the third turn
+    c = client_of(server)
+    session = await c.create()
+    sid = session.session_id
+    ids = [prompt_id(await c.prompt(sid, p)) for p in (P0, P1)]
+    with pytest.raises(grpc.aio.AioRpcError):
+        await c.prompt(sid, "write d.txt dee")
+    assert await server.wait() == -9
+    await server.start()
+    c = client_of(server)
+    points = await c.points(sid)
+    texts = [p.text for p in points.points]
+    assert [p.message_id for p in points.points][:2] == ids, step
+    reached = step != "turn.accepted" and step != "turn.prompt_sent"
+    if reached:
+        assert texts == [P0, P1, "write d.txt dee"], f"{step}: the prompt was in the transcript"
+    else:
+        assert texts[:2] == [P0, P1] and len(texts) in (2, 3), step
+    assert (await c.recall(sid)) == [*texts, "recall"], step
+    assert server_ledger_is_settled(server)
+
+
+def server_ledger_is_settled(server: ServerProcess) -> bool:
+    """After a restart: no intent left pending, an event for every applied rewind."""
+    import sqlite3
+
+    db = sqlite3.connect(server.state_dir / "ledger.sqlite3")
+    try:
+        pending = db.execute("SELECT COUNT(*) FROM rewinds WHERE state = 'pending'").fetchone()[0]
+        applied = db.execute("SELECT cursor FROM rewinds WHERE state = 'applied' ORDER BY cursor").fetchall()
+        events = db.execute("SELECT cursor FROM events ORDER BY cursor").fetchall()
+    finally:
+        db.close()
+    assert pending == 0, "an intent was left pending"
+    assert applied == events, "every applied rewind has its event and no event lacks its rewind"
+    assert [c for (c,) in events] == list(range(1, len(events) + 1)), "cursors are gap-free"
+    return True

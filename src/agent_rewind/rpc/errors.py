@@ -45,8 +45,9 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "SNAPSHOT_UNAVAILABLE": grpc.StatusCode.FAILED_PRECONDITION,
     "REPLICA_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "INTERNAL": grpc.StatusCode.INTERNAL,
-    # Not in API.md's table: per-principal limits (docs/errors.md).
+    # Not in API.md's table (docs/errors.md): per-principal limits, a ledger that cannot be written.
     "QUOTA_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "STORAGE_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
 }
 
 

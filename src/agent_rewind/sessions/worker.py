@@ -31,6 +31,7 @@ from agent_rewind.errors import (
     AgentUnavailable,
     RequestIdReused,
     ShuttingDown,
+    StorageUnavailable,
     TurnInFlight,
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
@@ -50,6 +51,8 @@ _TURNS_REMEMBERED = 32
 _READ_INLINE_BYTES = 1 << 20
 # How often a turn looks for its prompt in the transcript, to announce the rewind point early.
 _ANNOUNCE_POLL = 0.01
+# After the CLI's echo, how long the prompt event may wait for the transcript to show the prompt.
+_ECHO_TO_TRANSCRIPT = 5.0
 
 
 class State:
@@ -412,11 +415,14 @@ class SessionWorker:
             announcer = asyncio.create_task(self._announce(turn), name=f"announce-{self.session_id}")
             async for event in client.receive_turn(turn.prompt_id):
                 if isinstance(event, PromptEvent) and not event.parent_tool_use_id:
-                    if turn.announced:
-                        continue  # the transcript announced it already
-                    await self._announce_now(turn, event)
+                    # The CLI's echo: the prompt is announced once it is in the transcript.
+                    announcer.cancel()
+                    await self._announce(turn, within=_ECHO_TO_TRANSCRIPT)
                     continue
                 if isinstance(event, ResultEvent):
+                    if not turn.announced:  # a command the CLI answered without an echo
+                        announcer.cancel()
+                        await self._announce(turn, within=_ECHO_TO_TRANSCRIPT)
                     faults.point("turn.result")
                     if turn.interrupted:
                         event = replace(event, interrupted=True)
@@ -469,21 +475,25 @@ class SessionWorker:
                 await step()
             except Exception as err:
                 self._log.error("could not record the turn", step=name, error=str(err))
-                failure = failure or AgentRewindError(
-                    f"the turn ran, but the service could not record it: {err}"
-                )
+                failure = failure or StorageUnavailable(f"the turn ran, but it could not be recorded ({err})")
         faults.point("turn.recorded")
         return failure
 
     async def _touch(self) -> None:
         self.update_time = await self._ctx.ledger.touch_session(self.session_id)
 
-    async def _announce(self, turn: Turn) -> None:
+    async def _announce(self, turn: Turn, within: float | None = None) -> None:
         """Publishes the prompt as soon as the CLI wrote it to the transcript: the rewind point
-        exists from then on, usually long before the model's first answer (and the CLI's echo)."""
+        exists, durably, from then on, usually long before the model's first answer (and the CLI's
+        echo). After the echo it waits at most `within` seconds for the transcript, then
+        announces anyway (the turn's events must not wait behind it)."""
+        deadline = None if within is None else asyncio.get_running_loop().time() + within
         while not turn.announced:
             index = await self.catch_up()
-            if index.get(turn.prompt_id) is not None:
+            late = deadline is not None and asyncio.get_running_loop().time() > deadline
+            if index.get(turn.prompt_id) is not None or late:
+                if late:
+                    self._log.warning("the cli echoed a prompt it has not written to the transcript")
                 await self._announce_now(turn, PromptEvent(turn.prompt_id, turn.text))
                 return
             await asyncio.sleep(_ANNOUNCE_POLL)
@@ -492,7 +502,8 @@ class SessionWorker:
         if turn.announced:
             return
         turn.announced = True
-        await turn.publish(event)
+        # Shielded: the announcer may be cancelled (the echo came), but never mid-publish.
+        await asyncio.shield(turn.publish(event))
         faults.point("turn.prompt_recorded")
 
     async def interrupt(self) -> None:
@@ -515,7 +526,10 @@ class SessionWorker:
                 self._stop_if_stuck(turn), name=f"interrupt-{self.session_id}"
             )
         try:
-            await client.interrupt()
+            # A CLI that does not answer is the watchdog's to end; the caller does not wait for it.
+            await asyncio.wait_for(client.interrupt(), self._ctx.interrupt_timeout)
+        except TimeoutError:
+            self._log.warning("the cli did not answer Interrupt")
         except AgentError as err:
             self._log.warning("interrupt failed; the turn is ended by killing its process", error=str(err))
             turn.killed = True

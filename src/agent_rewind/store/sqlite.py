@@ -10,6 +10,7 @@ older version is upgraded in place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import threading
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent_rewind.errors import StorageUnavailable
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -183,13 +185,19 @@ class SqliteLedger:
 
         def run() -> T:
             with self._write_lock:
-                self._writer.execute("BEGIN IMMEDIATE")
+                try:
+                    self._writer.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as err:  # locked by another writer
+                    raise StorageUnavailable(str(err)) from err
                 try:
                     result = work(self._writer)
-                except BaseException:
-                    self._writer.execute("ROLLBACK")
+                    self._writer.execute("COMMIT")
+                except BaseException as err:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._writer.execute("ROLLBACK")
+                    if isinstance(err, sqlite3.OperationalError | OSError):  # disk full, I/O error
+                        raise StorageUnavailable(str(err)) from err
                     raise
-                self._writer.execute("COMMIT")
                 return result
 
         return await asyncio.to_thread(run)

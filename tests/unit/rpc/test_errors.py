@@ -24,6 +24,7 @@ API_TABLE: dict[str, int] = {
 # Reasons the service needs beyond the contract's table (rpc/errors.py says why).
 EXTRA_TABLE: dict[str, int] = {
     "QUOTA_EXCEEDED": code_pb2.RESOURCE_EXHAUSTED,
+    "STORAGE_UNAVAILABLE": code_pb2.UNAVAILABLE,
     "INTERNAL": code_pb2.INTERNAL,
 }
 EXPECTED = {**API_TABLE, **EXTRA_TABLE}
@@ -75,6 +76,7 @@ SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict
     errors.Unauthenticated: (lambda: errors.Unauthenticated(), {}),
     errors.CursorExpired: (lambda: errors.CursorExpired(3, 10), {"oldest_cursor": "10"}),
     errors.SubscriberTooSlow: (lambda: errors.SubscriberTooSlow(42), {"last_cursor": "42"}),
+    errors.StorageUnavailable: (lambda: errors.StorageUnavailable("database is locked"), {}),
 }
 
 

@@ -170,6 +170,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     running at once); metadata `limit` names it and `max` gives its value.
     Retryable once the principal uses less.
     """
+    STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 29
+    """UNAVAILABLE. The service could not write its ledger (a full disk, a
+    database locked by another writer). Nothing was half recorded. Retryable.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `google.rpc.ErrorInfo.reason` values of the "agent-rewind.v1" domain."""
@@ -301,5 +305,9 @@ QUOTA_EXCEEDED: ErrorReason.ValueType  # 28
 """RESOURCE_EXHAUSTED. A per-principal limit was reached (sessions, or turns
 running at once); metadata `limit` names it and `max` gives its value.
 Retryable once the principal uses less.
+"""
+STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 29
+"""UNAVAILABLE. The service could not write its ledger (a full disk, a
+database locked by another writer). Nothing was half recorded. Retryable.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
