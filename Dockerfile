@@ -70,5 +70,7 @@ WORKDIR /var/lib/agent-rewind
 VOLUME ["/var/lib/agent-rewind"]
 EXPOSE 50051
 
-ENTRYPOINT ["/usr/bin/tini", "--", "agent-rewind", "serve", "--listen", "0.0.0.0:50051", "--state-dir", "/var/lib/agent-rewind"]
+# The real model, explicitly: a missing credential stops the server at start instead of serving
+# the scripted test model (pass --model offline to run the scripted model on purpose).
+ENTRYPOINT ["/usr/bin/tini", "--", "agent-rewind", "serve", "--listen", "0.0.0.0:50051", "--state-dir", "/var/lib/agent-rewind", "--model", "anthropic"]
 CMD []

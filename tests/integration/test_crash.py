@@ -214,3 +214,13 @@ def server_ledger_is_settled(server: ServerProcess) -> bool:
     assert applied == events, "every applied rewind has its event and no event lacks its rewind"
     assert [c for (c,) in events] == list(range(1, len(events) + 1)), "cursors are gap-free"
     return True
+
+
+async def test_the_real_model_without_a_credential_stops_the_server_at_start(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "state", args=["--model", "anthropic"])
+    try:
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            await server.start(ready_within=30)
+        assert any("no credential" in str(line.get("error", "")) for line in server.log_lines())
+    finally:
+        await server.close()

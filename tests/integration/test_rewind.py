@@ -334,6 +334,7 @@ async def test_capabilities_describe_this_deployment(tmp_path: Path) -> None:
         assert list(caps.modes) == [FILES, CONVERSATION, BOTH]
         assert caps.file_checkpoint_window == 100
         assert caps.dry_run and not caps.events
+        assert caps.model_backend == "offline", "the scripted model says so"
         assert caps.sdk_version == "0.2.184" and caps.cli_version
         with pytest.raises(grpc.aio.AioRpcError) as err:
             async for _ in c.rewinds.WatchRewindEvents(rewind_service_pb2.WatchRewindEventsRequest()):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agent_rewind.config import Config
+from agent_rewind import server
 from agent_rewind.server import choose_backend, cli_environment
 
 SCRIPTED_URL = "http://127.0.0.1:43210"
@@ -49,19 +50,9 @@ def test_auto_treats_an_empty_api_key_as_none(monkeypatch: pytest.MonkeyPatch) -
     assert choose_backend(Config(model="auto")) == "offline"
 
 
-def test_auto_ignores_other_anthropic_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://gateway.example")
-    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "tok")
-    assert choose_backend(Config(model="auto")) == "offline"
-
-
 def test_explicit_offline_wins_over_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
     assert choose_backend(Config(model="offline")) == "offline"
-
-
-def test_explicit_anthropic_wins_without_an_api_key() -> None:
-    assert choose_backend(Config(model="anthropic")) == "anthropic"
 
 
 # cli_environment
@@ -119,3 +110,23 @@ def test_cli_gets_its_config_dir_and_home_under_the_state_dir(config: Config, of
 def test_extra_env_is_passed_to_the_cli(tmp_path: Path) -> None:
     config = Config(state_dir=tmp_path / "state", extra_env={"FOO": "bar"}).resolved()
     assert cli_environment(config, None)["FOO"] == "bar"
+
+
+# The model backend: never the scripted model by accident
+
+
+@pytest.mark.parametrize("variable", server.CREDENTIAL_VARIABLES)
+def test_auto_uses_the_real_api_with_any_credential_the_cli_accepts(variable: str) -> None:
+    assert server.choose_backend(Config(model="auto"), {variable: "x"}) == "anthropic"
+
+
+def test_auto_without_a_credential_is_the_scripted_model_and_says_so() -> None:
+    assert server.choose_backend(Config(model="auto"), {"ANTHROPIC_BASE_URL": "http://gw"}) == "offline"
+
+
+def test_anthropic_without_a_credential_refuses_to_start() -> None:
+    with pytest.raises(server.StartError) as err:
+        server.choose_backend(Config(model="anthropic"), {})
+    assert "ANTHROPIC_API_KEY" in str(err.value)
+    assert server.choose_backend(Config(model="anthropic"), {"ANTHROPIC_AUTH_TOKEN": "t"}) == "anthropic"
+    assert server.choose_backend(Config(model="offline"), {"ANTHROPIC_API_KEY": "k"}) == "offline"
