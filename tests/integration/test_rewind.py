@@ -508,3 +508,24 @@ async def test_a_crash_after_the_files_half_is_finished_without_restoring_the_fi
         again = await c.rewind(sid, ids[1], BOTH, request_id=rid)
         assert again.conversation.rewound
         assert read(cwd / "a.txt") == "edited by hand\n", "recovery did not restore the files a second time"
+
+
+async def test_a_files_rewind_restores_a_file_a_dropped_branch_created_and_a_visible_turn_changed(
+    tmp_path: Path,
+) -> None:
+    """The CLI alone would leave x.txt as the dropped turn wrote it: to its own chain the file
+    existed before t1. It did not: only the dropped t2 made it."""
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid, cwd = session.session_id, Path(session.cwd)
+        t1 = prompt_id(await c.prompt(sid, "write base.txt one"))
+        t2 = prompt_id(await c.prompt(sid, "write x.txt a"))
+        await c.rewind(sid, t2, CONVERSATION)  # drops t2; x.txt stays as t2 wrote it
+    async with serve(tmp_path) as c:
+        t3 = prompt_id(await c.prompt(sid, "write x.txt b"))
+        assert read(cwd / "x.txt") == "b\n"
+        dry = await c.dry_run(sid, t1, FILES)
+        assert sorted(Path(f).name for f in dry.files.files_changed) == ["base.txt", "x.txt"]
+        await c.rewind(sid, t1, FILES)
+        assert (read(cwd / "base.txt"), read(cwd / "x.txt")) == (None, None)
+        assert [p.message_id for p in (await c.points(sid)).points] == [t1, t3]

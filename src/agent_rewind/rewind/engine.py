@@ -16,6 +16,7 @@ import enum
 import json
 import uuid
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -30,6 +31,7 @@ from agent_rewind.errors import (
     RequestIdReused,
     RewindConflict,
 )
+from agent_rewind.rewind import checkpoints
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.store.ledger import Anchor, Ledger, NewEvent, NewRequest, NewRewind, RewindRecord
@@ -164,10 +166,16 @@ class RewindEngine:
             else:
                 answer = await worker.rewind_files(point.message_id, dry_run=True)
                 if answer.can_rewind:
+                    # Files the CLI would leave as a dropped branch wrote them are listed too.
+                    fixes = checkpoints.needed(
+                        checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history)
+                    )
+                    listed = set(answer.files_changed)
+                    extra = tuple(str(f.path) for f in fixes if str(f.path) not in listed)
                     files = FilesHalf(
                         True,
                         True,
-                        answer.files_changed,
+                        answer.files_changed + extra,
                         answer.insertions,
                         answer.deletions,
                         answer.skipped_links,
@@ -309,6 +317,9 @@ class RewindEngine:
         files = outcome.files
         if plan["files"] and not record.files_applied:
             answer = await self._restore_files(worker, record)
+            view = await worker.view()
+            point = view.resolve(record.plan["target"])
+            checkpoints.apply(checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history))
             faults.point("rewind.files_restored")
             await self._ledger.mark_files_applied(record.rewind_id)
             faults.point("rewind.files_recorded")

@@ -125,6 +125,11 @@ class SessionWorker:
     def client_pid(self) -> int | None:
         return self.process.pid
 
+    @property
+    def file_history(self) -> Path:
+        """Where the CLI keeps this session's file backups (its checkpoints' content)."""
+        return self._ctx.claude_config_dir / "file-history" / self.session_id
+
     # The transcript, as the service shows it
 
     def _transcript(self) -> TranscriptIndex:

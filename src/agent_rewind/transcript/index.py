@@ -55,12 +55,18 @@ _SKIPPED_TYPES = frozenset(
         b"cost-state",
         b"last-prompt",
         b"mode",
-        b"file-history-delta",
     }
 )
 _TYPE_PREFIX = b'{"type":"'
 _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _AGENT_TOOLS = frozenset({"Agent", "Task"})
+# Tools whose edits the CLI's file checkpoints track, and the input key naming the file.
+_EDIT_TOOLS = {
+    "Write": "file_path",
+    "Edit": "file_path",
+    "MultiEdit": "file_path",
+    "NotebookEdit": "notebook_path",
+}
 _VIEW_CACHE = 8
 _MAX_AGENT_NESTING = 16
 
@@ -84,6 +90,7 @@ class Entry:
     messages: int  # `is_message` entries on the chain
     last_message: str  # uuid of the newest `is_message` entry on the chain, "" if none
     agent_id: str = ""  # subagent messages only
+    edits: tuple[str, ...] = ()  # assistant entries: the files its Write/Edit/NotebookEdit calls name
 
     @property
     def create_time(self) -> datetime | None:
@@ -206,6 +213,38 @@ def _assistant_parts(raw: Mapping[str, Any]) -> tuple[str, list[str]]:
     return (api_id if isinstance(api_id, str) else ""), calls
 
 
+@dataclass(frozen=True, slots=True)
+class Backup:
+    """One of the CLI's file-history records: what a file held at some moment of a turn."""
+
+    path: str  # as the CLI tracks it: relative to the workspace, or absolute
+    name: str | None  # the backup's file name under file-history/<session>/; None: it did not exist
+    time: str  # when the backup was taken (ISO 8601)
+    prompt: str  # the prompt whose snapshot (or turn) recorded it
+
+
+def _edits(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    message = raw.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return ()
+    found = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") in _EDIT_TOOLS:
+            tool_input = block.get("input")
+            value = tool_input.get(_EDIT_TOOLS[block["name"]]) if isinstance(tool_input, dict) else None
+            if isinstance(value, str):
+                found.append(value)
+    return tuple(found)
+
+
+def _backup(path: Any, raw: Any, prompt: str) -> Backup | None:
+    if not isinstance(path, str) or not isinstance(raw, dict) or not isinstance(raw.get("backupTime"), str):
+        return None
+    name = raw.get("backupFileName")
+    return Backup(path, name if isinstance(name, str) else None, raw["backupTime"], prompt)
+
+
 @dataclass(slots=True)
 class _Store:
     """Everything read from one version of the main file. Append-only until the file is replaced."""
@@ -214,6 +253,9 @@ class _Store:
     api_ids: dict[str, str] = field(default_factory=dict)  # "msg_..." -> uuid of its first entry
     snapshots: dict[str, int] = field(default_factory=dict)  # prompt uuid -> order of its first snapshot
     agent_calls: dict[str, str] = field(default_factory=dict)  # Agent tool_use id -> assistant uuid
+    # The CLI's file history, every branch's, in the order written.
+    backups: list[Backup] = field(default_factory=list)
+    tracked: dict[str, dict[str, Backup]] = field(default_factory=dict)  # prompt uuid -> its snapshot
     leaf: str | None = None
 
 
@@ -342,8 +384,25 @@ class TranscriptIndex:
         if raw.get("type") == "file-history-snapshot":
             # One snapshot per prompt (an update repeats the messageId): the CLI's file checkpoints.
             message_id = raw.get("messageId")
-            if isinstance(message_id, str) and message_id not in store.snapshots:
-                store.snapshots[message_id] = len(store.snapshots)
+            if isinstance(message_id, str):
+                if message_id not in store.snapshots:
+                    store.snapshots[message_id] = len(store.snapshots)
+                snapshot = raw.get("snapshot")
+                files = snapshot.get("trackedFileBackups") if isinstance(snapshot, dict) else None
+                if isinstance(files, dict):
+                    tracked = store.tracked.setdefault(message_id, {})
+                    for path, value in files.items():
+                        if (backup := _backup(path, value, message_id)) is not None:
+                            tracked[path] = backup
+                            store.backups.append(backup)
+            return
+        if raw.get("type") == "file-history-delta":
+            # A file first tracked during a turn: its content before the turn changed it.
+            prompt = raw.get("snapshotMessageId")
+            if isinstance(prompt, str) and (
+                backup := _backup(raw.get("trackingPath"), raw.get("backup"), prompt)
+            ):
+                store.backups.append(backup)
             return
         uuid = raw.get("uuid")
         if not isinstance(uuid, str) or not uuid or uuid in store.entries:
@@ -378,6 +437,7 @@ class TranscriptIndex:
             messages=(parent.messages if parent else 0) + is_message,
             last_message=uuid if is_message else (parent.last_message if parent else ""),
             agent_id=agent_id if isinstance(agent_id, str) and kind is EntryKind.SUBAGENT else "",
+            edits=_edits(raw) if kind is EntryKind.ASSISTANT else (),
         )
         store.entries[uuid] = entry
         if api_id:
@@ -584,6 +644,31 @@ class ConversationView:
                 return True  # started from somewhere we cannot see: say what it is
             agent = parent_agent
         return True
+
+    def edited_since(self, point: RewindPoint) -> set[str]:
+        """The files the visible turns from `point` on edited with the tools checkpoints track."""
+        entry = self._store.entries.get(point.message_id)
+        if entry is None or not self._on_chain(entry):
+            raise MessageNotFound(point.message_id)
+        return {path for e in self._chain.entries[entry.depth : self._n] for path in e.edits}
+
+    def files_before(self, point: RewindPoint) -> dict[str, str | None]:
+        """What each file the CLI's file history knows held just before `point` was sent, for the
+        files it first recorded after that (on any branch): a backup's name, or None when the file
+        did not exist. Files its snapshot at the point tracked are the CLI's own to restore."""
+        entry = self._store.entries.get(point.message_id)
+        start = parse_timestamp(entry.timestamp) if entry is not None else None
+        if start is None:
+            return {}
+        tracked = self._store.tracked.get(point.message_id, {})
+        later = [
+            (when, b) for b in self._store.backups if (when := parse_timestamp(b.time)) and when >= start
+        ]
+        before: dict[str, str | None] = {}
+        for _, backup in sorted(later, key=lambda item: item[0]):
+            if backup.path not in tracked and backup.path not in before:
+                before[backup.path] = backup.name
+        return before
 
     def messages_from(self, point: RewindPoint) -> int:
         """How many visible messages a conversation rewind to `point` drops (the point included)."""
