@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: run test lint fmt proto demo bench clean
+.PHONY: run test lint fmt proto demo bench soak clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ demo: $(STAMP)  ## walk through the product against a running `make run`
 
 bench: $(STAMP)  ## speed targets, medians side by side
 	$(PY) -m benchmarks $(ARGS)
+
+soak: $(STAMP)  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)
+	$(PY) scripts/soak.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -224,3 +224,21 @@ async def test_the_real_model_without_a_credential_stops_the_server_at_start(tmp
         assert any("no credential" in str(line.get("error", "")) for line in server.log_lines())
     finally:
         await server.close()
+
+
+async def test_a_crash_after_a_turn_on_a_branch_cut_in_place_resumes_that_branch(
+    server: ServerProcess,
+) -> None:
+    """The CLI marks the leaf it resumes from lazily; killed before it did, it would resume the
+    dropped branch (or refuse: "No message found with message.uuid")."""
+    await server.start()
+    c = client_of(server)
+    sid, _, ids = await _three_turns(c)
+    await c.rewind(sid, ids[1], CONVERSATION)  # cut in place, in the live process
+    t4 = prompt_id(await c.prompt(sid, "say four"))
+    server.kill(with_cli=True)
+    await server.wait()
+    await server.start()
+    c = client_of(server)
+    assert [p.message_id for p in (await c.points(sid)).points] == [ids[0], t4]
+    assert await c.recall(sid) == [P0, "say four", "recall"]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from agent_rewind.config import Config
 from agent_rewind import server
-from agent_rewind.server import choose_backend, cli_environment
+from agent_rewind.config import Config
+from agent_rewind.server import choose_backend, cli_environment, default_factory
 
 SCRIPTED_URL = "http://127.0.0.1:43210"
 
@@ -130,3 +130,31 @@ def test_anthropic_without_a_credential_refuses_to_start() -> None:
     assert "ANTHROPIC_API_KEY" in str(err.value)
     assert server.choose_backend(Config(model="anthropic"), {"ANTHROPIC_AUTH_TOKEN": "t"}) == "anthropic"
     assert server.choose_backend(Config(model="offline"), {"ANTHROPIC_API_KEY": "k"}) == "offline"
+
+
+# The client factory
+
+
+async def test_the_default_factory_gives_each_client_its_sessions_tool_policy(tmp_path: Path) -> None:
+    """A session's allowed_tools decide its other tools; its workspace bounds the file tools."""
+    from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny, ToolPermissionContext
+
+    from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    factory = default_factory(Config(state_dir=tmp_path / "state").resolved())
+
+    async def ask(options: dict[str, Any], tool: str, tool_input: dict[str, Any]) -> Any:
+        spec = ClientSpec("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f", workspace, options, True, {}, False)
+        client = factory(spec)
+        assert isinstance(client, SdkAgentClient)
+        can_use_tool = client._client.options.can_use_tool
+        assert can_use_tool is not None
+        return await can_use_tool(tool, tool_input, ToolPermissionContext())
+
+    bash = {"allowed_tools": ["Bash"]}
+    assert isinstance(await ask(bash, "Bash", {"command": "ls"}), PermissionResultAllow)
+    assert isinstance(await ask(bash, "Write", {"file_path": "/etc/passwd"}), PermissionResultDeny)
+    assert isinstance(await ask({}, "Bash", {"command": "ls"}), PermissionResultDeny)
+    assert isinstance(await ask({}, "Write", {"file_path": str(workspace / "a.txt")}), PermissionResultAllow)

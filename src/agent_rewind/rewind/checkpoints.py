@@ -1,11 +1,12 @@
 """What the CLI's checkpoint restore gets wrong across branches, and putting it right.
 
-The CLI restores a file to the backup its own conversation chain holds. After a conversation
-rewind that dropped turns, a file those turns first created (or changed) and a visible turn then
-changed again is, to the CLI, a file that existed before the point: a files rewind to the point
-leaves it holding what the dropped turns wrote. Its history on every branch (the transcript keeps
-the dropped ones) says what it held just before the point; the service restores that, for the
-files the visible turns from the point on edited (the only files a checkpoint restore covers).
+A files rewind to a point restores every file the CLI's file history records as changed since
+the point was sent, by the visible turns and by turns a conversation rewind dropped since, to what
+it held just before the point: what the transcript's file history on every branch says (the
+dropped branches stay in the file). The CLI itself restores a file to the backup its own chain
+holds, which after a conversation rewind can be wrong: a file the dropped turns first created and
+a visible turn then changed again is, to the CLI, a file that existed before the point, and it
+would be left holding what the dropped turns wrote. The service puts such files right.
 """
 
 from __future__ import annotations
@@ -34,14 +35,13 @@ def _inside(path: Path, workspace: Path) -> bool:
 
 
 def planned(view: ConversationView, point: RewindPoint, workspace: Path, history: Path) -> list[Fix]:
-    """The content before `point` of every file the visible turns since it edited and whose first
-    record after it is not on the conversation's own chain."""
+    """What every file first recorded after `point` was sent (on any branch) held just before it.
+    Files the CLI's snapshot at the point tracks it restores right itself."""
     workspace = workspace.resolve()
-    edited = {Path(os.path.normpath(workspace / p)) for p in view.edited_since(point)}
     fixes = []
     for tracked, name in view.files_before(point).items():
         path = Path(os.path.normpath(workspace / tracked))
-        if path not in edited or not _inside(path, workspace):
+        if not _inside(path, workspace):
             continue
         if name is None:
             fixes.append(Fix(path, None))

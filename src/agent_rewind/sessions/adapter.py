@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -156,6 +158,33 @@ def build_options(spec: ClientSpec, policy: ToolPolicy) -> ClaudeAgentOptions:
     if spec.stderr is not None:
         kwargs["stderr"] = spec.stderr
     return ClaudeAgentOptions(**kwargs)
+
+
+def pin_leaf(transcript: Path, session_id: str, leaf: str) -> None:
+    """Makes the CLI resume the conversation that ends at `leaf`. Call while no CLI process of
+    the session runs.
+
+    INTERNAL (the CLI's transcript format): the CLI resumes from the leaf its newest `last-prompt`
+    record names, and `resume_session_at` must lie on that conversation. It writes such a record
+    at the end of a turn and when it cuts a conversation in place, sometimes lazily, so a process
+    killed in between leaves it naming another branch's leaf: the resume would bring dropped turns
+    back, or fail ("No message found with message.uuid"). Appending a record of the same shape,
+    naming the leaf the service shows, makes the CLI load that conversation.
+    """
+    try:
+        with transcript.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            partial = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+    except FileNotFoundError:
+        return  # nothing to resume
+    record = json.dumps(
+        {"type": "last-prompt", "leafUuid": leaf, "sessionId": session_id}, separators=(",", ":")
+    )
+    # A line a killed CLI left half written is ended first, so the record is a line of its own.
+    with transcript.open("ab") as f:
+        f.write((b"\n" if partial else b"") + record.encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class AgentClient(Protocol):

@@ -34,7 +34,7 @@ from agent_rewind.errors import (
     StorageUnavailable,
     TurnInFlight,
 )
-from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
+from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
 from agent_rewind.sessions.turns import Prelude, Turn
@@ -237,7 +237,13 @@ class SessionWorker:
             return client
         if self._shutting_down:
             raise ShuttingDown()
-        client = await self.process.start(await self._spec())
+        spec = await self._spec()
+        if spec.resume and spec.resume_session_at:
+            await self.process.settle()  # no process of the session writes its transcript now
+            await asyncio.to_thread(
+                pin_leaf, self._transcript().path, self.session_id, spec.resume_session_at
+            )
+        client = await self.process.start(spec)
         if not self.record.started:
             await self._ctx.ledger.touch_session(self.session_id, started=True)
             self.record = replace(self.record, started=True)

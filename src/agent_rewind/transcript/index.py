@@ -90,7 +90,6 @@ class Entry:
     messages: int  # `is_message` entries on the chain
     last_message: str  # uuid of the newest `is_message` entry on the chain, "" if none
     agent_id: str = ""  # subagent messages only
-    edits: tuple[str, ...] = ()  # assistant entries: the files its Write/Edit/NotebookEdit calls name
 
     @property
     def create_time(self) -> datetime | None:
@@ -221,21 +220,6 @@ class Backup:
     name: str | None  # the backup's file name under file-history/<session>/; None: it did not exist
     time: str  # when the backup was taken (ISO 8601)
     prompt: str  # the prompt whose snapshot (or turn) recorded it
-
-
-def _edits(raw: Mapping[str, Any]) -> tuple[str, ...]:
-    message = raw.get("message")
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return ()
-    found = []
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") in _EDIT_TOOLS:
-            tool_input = block.get("input")
-            value = tool_input.get(_EDIT_TOOLS[block["name"]]) if isinstance(tool_input, dict) else None
-            if isinstance(value, str):
-                found.append(value)
-    return tuple(found)
 
 
 def _backup(path: Any, raw: Any, prompt: str) -> Backup | None:
@@ -437,7 +421,6 @@ class TranscriptIndex:
             messages=(parent.messages if parent else 0) + is_message,
             last_message=uuid if is_message else (parent.last_message if parent else ""),
             agent_id=agent_id if isinstance(agent_id, str) and kind is EntryKind.SUBAGENT else "",
-            edits=_edits(raw) if kind is EntryKind.ASSISTANT else (),
         )
         store.entries[uuid] = entry
         if api_id:
@@ -644,13 +627,6 @@ class ConversationView:
                 return True  # started from somewhere we cannot see: say what it is
             agent = parent_agent
         return True
-
-    def edited_since(self, point: RewindPoint) -> set[str]:
-        """The files the visible turns from `point` on edited with the tools checkpoints track."""
-        entry = self._store.entries.get(point.message_id)
-        if entry is None or not self._on_chain(entry):
-            raise MessageNotFound(point.message_id)
-        return {path for e in self._chain.entries[entry.depth : self._n] for path in e.edits}
 
     def files_before(self, point: RewindPoint) -> dict[str, str | None]:
         """What each file the CLI's file history knows held just before `point` was sent, for the

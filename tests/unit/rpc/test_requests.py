@@ -8,7 +8,15 @@ import json
 import pytest
 
 from agent_rewind.errors import InvalidArgument
-from agent_rewind.rpc.requests import PageTokens, optional_uuid, page_size, required, uuid_field
+from agent_rewind.rpc.requests import (
+    MAX_PROMPT_CHARS,
+    PageTokens,
+    optional_uuid,
+    page_size,
+    prompt_text,
+    required,
+    uuid_field,
+)
 
 KEY = b"k" * 32
 
@@ -106,3 +114,22 @@ def test_tokens_the_service_did_not_issue_are_refused_without_being_parsed(token
 def test_a_short_key_is_refused() -> None:
     with pytest.raises(ValueError):
         PageTokens(b"short")
+
+
+# Prompt text
+
+
+def test_a_prompt_is_returned_as_given() -> None:
+    assert prompt_text("  fix the bug\n") == "  fix the bug\n"
+    assert prompt_text("x" * MAX_PROMPT_CHARS) == "x" * MAX_PROMPT_CHARS
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "   ", "\n\t", "x" * (MAX_PROMPT_CHARS + 1), "before\x00after"],
+    ids=["empty", "blank", "whitespace", "too-long", "nul"],
+)
+def test_a_prompt_that_is_empty_too_long_or_has_a_nul_is_refused_naming_text(text: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        prompt_text(text)
+    assert caught.value.field == "text"

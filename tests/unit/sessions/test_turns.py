@@ -1,0 +1,115 @@
+"""A turn's event log (sessions/turns.py): replayed from the start to every listener, ended with
+its error, kept in the ledger as a record a retry after a restart is replayed from."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from agent_rewind.errors import AgentRewindError, AgentUnavailable
+from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.turns import Turn
+
+SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
+RESULT = ResultEvent("success", False, 2, 1200, 0.25, "done", "end_turn", interrupted=True)
+
+
+async def collect(turn: Turn) -> list[TurnEvent]:
+    async with asyncio.timeout(2.0):
+        return [e async for e in turn.events()]
+
+
+def test_each_turn_chooses_its_own_prompt_id() -> None:
+    first, second = Turn(SID, "a"), Turn(SID, "a")
+    assert str(uuid.UUID(first.prompt_id)) == first.prompt_id
+    assert first.prompt_id != second.prompt_id
+    assert not first.sent and not first.done and first.result is None and first.error is None
+
+
+async def test_listeners_get_every_event_from_the_start_and_wait_for_more() -> None:
+    turn = Turn(SID, "hi")
+    await turn.publish(PromptEvent(turn.prompt_id, "hi"))
+    early = asyncio.create_task(collect(turn))
+    await turn.publish(AssistantEvent("a-1", "msg_1", "hello"))
+    await asyncio.sleep(0)
+    assert not early.done(), "a listener waits for the turn's end"
+    await turn.publish(RESULT)
+    await turn.finish()
+    late = await collect(turn)
+    assert await early == late
+    assert [type(e) for e in late] == [PromptEvent, AssistantEvent, ResultEvent]
+    assert turn.done and turn.result == RESULT
+    await asyncio.wait_for(turn.wait(), 1.0)
+
+
+async def test_a_turns_error_is_raised_after_its_events_to_every_listener() -> None:
+    turn = Turn(SID, "hi")
+    await turn.publish(PromptEvent(turn.prompt_id, "hi"))
+    await turn.finish(AgentUnavailable(SID, "the process died"))
+    for _ in range(2):
+        seen: list[TurnEvent] = []
+        with pytest.raises(AgentUnavailable):
+            async for event in turn.events():
+                seen.append(event)
+        assert seen == [PromptEvent(turn.prompt_id, "hi")]
+    assert turn.result is None
+
+
+async def test_the_record_of_a_turn_that_ran() -> None:
+    turn = Turn(SID, "hi", request_id="r-1")
+    turn.sent = True
+    await turn.publish(PromptEvent(turn.prompt_id, "hi"))
+    await turn.publish(RESULT)
+    await turn.finish()
+    assert turn.record() == {
+        "prompt_id": turn.prompt_id,
+        "result": {
+            "subtype": "success",
+            "is_error": False,
+            "num_turns": 2,
+            "duration_ms": 1200,
+            "total_cost_usd": 0.25,
+            "result": "done",
+            "stop_reason": "end_turn",
+            "interrupted": True,
+        },
+    }
+
+
+async def test_the_record_of_a_turn_whose_prompt_never_reached_the_cli() -> None:
+    turn = Turn(SID, "hi", request_id="r-1")
+    await turn.finish(AgentUnavailable(SID, "no cli"))
+    record = turn.record()
+    assert record["prompt_id"] == ""
+    assert record["error"] == {
+        "reason": "AGENT_UNAVAILABLE",
+        "message": AgentUnavailable(SID, "no cli").message,
+    }
+    assert "result" not in record
+
+
+async def test_a_replayed_turn_tells_what_the_record_says() -> None:
+    ran = Turn(SID, "hi", request_id="r-1")
+    ran.sent = True
+    await ran.publish(PromptEvent(ran.prompt_id, "hi"))
+    await ran.publish(AssistantEvent("a-1", "msg_1", "hello"))
+    await ran.publish(RESULT)
+    await ran.finish()
+
+    replayed = await Turn.replayed(SID, "hi", "r-1", ran.record())
+    assert replayed.done and replayed.sent
+    assert replayed.prompt_id == ran.prompt_id and replayed.request_id == "r-1"
+    assert await collect(replayed) == [PromptEvent(ran.prompt_id, "hi"), RESULT]
+
+
+async def test_a_replayed_failure_keeps_its_reason() -> None:
+    failed = Turn(SID, "hi", request_id="r-1")
+    await failed.finish(AgentUnavailable(SID, "no cli"))
+    replayed = await Turn.replayed(SID, "hi", "r-1", failed.record())
+    assert not replayed.sent
+    with pytest.raises(AgentRewindError) as caught:
+        await collect(replayed)
+    assert caught.value.reason == "AGENT_UNAVAILABLE"
+    assert caught.value.message == AgentUnavailable(SID, "no cli").message
