@@ -315,28 +315,36 @@ class RewindEngine:
         plan = record.plan
         outcome = RewindOutcome.from_json(plan["outcome"])
         files = outcome.files
+        anchor = Anchor(**{**plan["anchor"], "drops_turn": None}) if plan["anchor"] else None
+        view = await worker.view()  # also catches up with the transcript, after a restart
+        current = anchor is None or self._still_current(view, plan, anchor)
+        if not current and not record.files_applied:
+            # Nothing applied yet, and the cut would drop turns nobody asked to drop: drop it all.
+            await self._ledger.abandon_rewind(record.rewind_id)
+            log.error("dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id)
+            raise _MovedOn("the rewind could not be finished; the conversation has changed since")
         if plan["files"] and not record.files_applied:
             answer = await self._restore_files(worker, record)
-            view = await worker.view()
             point = view.resolve(record.plan["target"])
             checkpoints.apply(checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history))
             faults.point("rewind.files_restored")
             await self._ledger.mark_files_applied(record.rewind_id)
             faults.point("rewind.files_recorded")
             files = replace(files, skipped_links=answer.skipped_links)
-        anchor = Anchor(**{**plan["anchor"], "drops_turn": None}) if plan["anchor"] else None
         conversation = outcome.conversation
-        view = await worker.view()  # also catches up with the transcript, after a restart
         last = view.last_message_id
-        if anchor is not None:
-            if not self._still_current(view, plan, anchor):
-                await self._ledger.abandon_rewind(record.rewind_id)
-                log.error(
-                    "dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id
-                )
-                raise _MovedOn("the rewind could not be finished; the conversation has changed since")
+        if anchor is not None and current:
             conversation = ConversationHalf(True, True, True, conversation.messages_dropped)
             last = worker.view_at(anchor.anchor_uuid).last_message_id
+        elif anchor is not None:
+            # The files were restored before the conversation moved on (it cannot while an intent
+            # is pending, but a CLI that starts turns of its own could): the files half stands,
+            # and the result says the conversation was not cut.
+            log.error(
+                "a rewind's conversation moved on after its files were restored", rewind_id=record.rewind_id
+            )
+            conversation = ConversationHalf(True, False, False, 0)
+            anchor = None
         final = RewindOutcome(record.rewind_id, files, conversation, last)
         event = NewEvent(
             kind="REWOUND",

@@ -141,7 +141,7 @@ def _agents(field: str, value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, definition in value.items():
         where = f"{field}.{name}"
-        if not _AGENT_NAME.match(name):
+        if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise InvalidArgument(where, "a subagent name is letters, digits, '_', '.' or '-' (at most 64)")
         agent = _object(
             where,
@@ -161,9 +161,7 @@ def _agents(field: str, value: Any) -> dict[str, Any]:
         if "maxTurns" in agent:
             clean["maxTurns"] = _integer(f"{where}.maxTurns", agent["maxTurns"], low=1, high=10_000)
         if "effort" in agent:
-            if agent["effort"] not in _EFFORTS:
-                raise InvalidArgument(f"{where}.effort", f"must be one of {sorted(_EFFORTS)}")
-            clean["effort"] = agent["effort"]
+            clean["effort"] = _effort(f"{where}.effort", agent["effort"])
         out[name] = clean
     return out
 
@@ -174,7 +172,7 @@ def _mcp_servers(field: str, value: Any, operator: OperatorOptions) -> dict[str,
     out: dict[str, Any] = {}
     for name, config in value.items():
         where = f"{field}.{name}"
-        if not _AGENT_NAME.match(name):
+        if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
             raise InvalidArgument(where, "a server name is letters, digits, '_', '.' or '-' (at most 64)")
         if not isinstance(config, dict):
             raise InvalidArgument(where, "must be an object")
@@ -183,10 +181,14 @@ def _mcp_servers(field: str, value: Any, operator: OperatorOptions) -> dict[str,
             server = _object(where, config, {"type", "url", "headers"}, {"type", "url"})
             url = _text(f"{where}.url", server["url"], limit=2048)
             parts = urlsplit(url)
+            try:
+                port = parts.port
+            except ValueError:
+                raise InvalidArgument(f"{where}.url", "has a port that is not a port number") from None
             if parts.scheme not in ("https", "http") or not parts.hostname:
                 raise InvalidArgument(f"{where}.url", "must be an http(s) URL")
             host = parts.hostname.lower()
-            hostport = f"{host}:{parts.port}" if parts.port else host
+            hostport = f"{host}:{port}" if port else host
             if host not in operator.mcp_hosts and hostport not in operator.mcp_hosts:
                 raise OptionNotAllowed(
                     f"{where}.url", f"the host {hostport!r} is not one the operator allows MCP servers on"
@@ -222,7 +224,7 @@ def _mcp_servers(field: str, value: Any, operator: OperatorOptions) -> dict[str,
 
 
 def _header(field: str, name: Any) -> str:
-    if not isinstance(name, str) or not _HEADER_NAME.match(name):
+    if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
         raise InvalidArgument(field, f"{name!r} is not a header name")
     return name
 
@@ -234,13 +236,13 @@ def _permission_mode(field: str, value: Any, operator: OperatorOptions) -> str:
         raise OptionNotAllowed(
             field, "bypassPermissions skips the service's tool policy; the operator has not allowed it"
         )
-    if value not in _PERMISSION_MODES:
+    if not isinstance(value, str) or value not in _PERMISSION_MODES:
         raise InvalidArgument(field, f"must be one of {sorted(_PERMISSION_MODES)}")
     return str(value)
 
 
 def _effort(field: str, value: Any) -> str:
-    if value not in _EFFORTS:
+    if not isinstance(value, str) or value not in _EFFORTS:
         raise InvalidArgument(field, f"must be one of {sorted(_EFFORTS)}")
     return str(value)
 
@@ -286,3 +288,16 @@ def validate(options: Mapping[str, Any], operator: OperatorOptions) -> dict[str,
             continue
         out[key] = check(field_name, value, operator)
     return out
+
+
+def sanitize(options: Mapping[str, Any], operator: OperatorOptions) -> tuple[dict[str, Any], list[str]]:
+    """Stored options, each re-checked: those no longer allowed (an older version stored them, or
+    the operator withdrew an opt-in) are dropped. Returns the options kept and the keys dropped."""
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in options.items():
+        try:
+            kept.update(validate({key: value}, operator))
+        except InvalidArgument:
+            dropped.append(key)
+    return kept, dropped

@@ -14,6 +14,7 @@ bounds every file tool:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,20 @@ class Decision:
 
 
 ALLOW = Decision(True)
+
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def _glob_stays_inside(pattern: str) -> bool:
+    """No `..` (`**/..` climbs out whatever the pattern starts from), and no brace alternative
+    that is absolute or starts at home (`{/etc,src}/*`)."""
+    if ".." in re.split(r"[/{},]", pattern):
+        return False
+    for group in _BRACES.findall(pattern):
+        if any(alt.strip().startswith(("/", "~")) for alt in group.split(",")):
+            return False
+    return pattern.count("{") == len(_BRACES.findall(pattern))  # nested braces: refuse
 
 
 class ToolPolicy:
@@ -53,9 +68,10 @@ class ToolPolicy:
         if tool_name not in FILE_TOOLS:
             return ALLOW
         pattern = tool_input.get("pattern")
-        if tool_name == "Glob" and isinstance(pattern, str) and ".." in pattern.split("/"):
-            # `**/..` can climb out whatever the pattern starts from.
-            return Decision(False, "Glob patterns with '..' are not allowed")
+        if tool_name == "Glob" and isinstance(pattern, str) and not _glob_stays_inside(pattern):
+            return Decision(
+                False, "Glob patterns with '..', or an absolute or home brace alternative, are not allowed"
+            )
         for target in self._targets(tool_name, tool_input):
             if not self._inside(target):
                 return Decision(False, f"{tool_name} outside the session's workspace is not allowed")

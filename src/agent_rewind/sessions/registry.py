@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,8 +69,20 @@ class SessionRegistry:
         )
 
     async def load(self) -> None:
-        """Registers every session the ledger holds (none has a live process yet)."""
+        """Registers every session the ledger holds (none has a live process yet).
+
+        Stored options are checked again: what an older version (or a withdrawn operator opt-in)
+        let through and the allowlist now refuses is not passed to the CLI any more.
+        """
         for record in await self._ledger.sessions():
+            options, dropped = session_options.sanitize(record.options, self.operator)
+            if dropped:
+                log.warning(
+                    "stored options no longer allowed are not used",
+                    session_id=record.session_id,
+                    keys=dropped,
+                )
+                record = dataclasses.replace(record, options=options)
             self._workers[record.session_id] = SessionWorker(record, self._ctx)
 
     @property

@@ -110,7 +110,7 @@ class Turn:
                 "interrupted": r.interrupted,
             }
         if self._error is not None:
-            out["error"] = {"reason": self._error.reason, "message": self._error.message}
+            out["error"] = error_record(self._error)
         return out
 
     @classmethod
@@ -125,7 +125,16 @@ class Turn:
             await turn.publish(ResultEvent(**record["result"]))
         error = None
         if isinstance(record.get("error"), dict):
-            error = AgentRewindError(str(record["error"].get("message", "")))
-            error.reason = str(record["error"].get("reason", "INTERNAL"))
+            raw = record["error"]
+            metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+            error = AgentRewindError(
+                str(raw.get("message", "")), metadata={str(k): str(v) for k, v in metadata.items()}
+            )
+            error.reason = str(raw.get("reason", "INTERNAL"))
         await turn.finish(error)
         return turn
+
+
+def error_record(error: AgentRewindError) -> dict[str, Any]:
+    """An error as the ledger keeps it, to be replayed to a retry."""
+    return {"reason": error.reason, "message": error.message, "metadata": dict(error.metadata)}

@@ -37,7 +37,7 @@ from agent_rewind.errors import (
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
-from agent_rewind.sessions.turns import Prelude, Turn
+from agent_rewind.sessions.turns import Prelude, Turn, error_record
 from agent_rewind.store.ledger import Anchor, Ledger, NewRequest, RequestIdTaken, SessionRecord, dumps
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
 from agent_rewind.transcript.paths import exists, transcript_path
@@ -348,22 +348,24 @@ class SessionWorker:
         if self._shutting_down:
             raise ShuttingDown()
         turn = Turn(self.session_id, text, request_id=request_id, prelude=prelude)
+        # Claimed, and the current turn, before the first await: an Interrupt or a close that
+        # comes while the request is being recorded finds it.
         self._turn_claimed = True
+        self._interrupt_pending = False
+        previous, self._turn = self._turn, turn
         try:
             if request is not None:
                 # The prompt id is recorded with the request: after a crash it tells whether the
                 # prompt reached the transcript (the turn ran) or not (it never did).
                 await self._ctx.ledger.begin_request(request, {"prompt_id": turn.prompt_id})
         except RequestIdTaken as taken:
-            self._turn_claimed = False
+            self._turn_claimed, self._turn = False, previous
             if request is None or not taken.existing.same_call(request):
                 raise RequestIdReused(request_id) from None
             raise TurnInFlight(self.session_id) from None  # a concurrent retry won the race
         except BaseException:
-            self._turn_claimed = False
+            self._turn_claimed, self._turn = False, previous
             raise
-        self._interrupt_pending = False
-        self._turn = turn
         if request_id:
             self._turns_by_request[request_id] = turn
             while len(self._turns_by_request) > _TURNS_REMEMBERED:
@@ -461,12 +463,28 @@ class SessionWorker:
                 announcer.cancel()
             if turn.watchdog is not None:
                 turn.watchdog.cancel()
-            bookkeeping = await self._record_turn(turn, error)
-            self._turn_claimed = False
-            await turn.finish(error or bookkeeping)
-            if locked:
-                self.lock.release()
-            self._arm_idle_timer()
+            # Whatever happens here (a cancellation by shutdown included), the turn ends, its
+            # stream with it, and the lock is released.
+            cancelled = False
+            bookkeeping: AgentRewindError | None = None
+            try:
+                bookkeeping = await asyncio.shield(self._record_turn(turn, error))
+            except asyncio.CancelledError:
+                cancelled = True
+            except Exception:  # _record_turn reports its own failures; this is a bug
+                self._log.exception("recording the turn crashed")
+            finally:
+                self._turn_claimed = False
+                if locked:
+                    self.lock.release()
+                ending = error or bookkeeping
+                if ending is None and cancelled:
+                    ending = AgentUnavailable(self.session_id, "the turn was cancelled by a server shutdown")
+                await asyncio.shield(turn.finish(ending))
+                if not self._shutting_down:
+                    self._arm_idle_timer()
+            if cancelled:
+                raise asyncio.CancelledError
 
     async def _record_turn(self, turn: Turn, error: AgentRewindError | None) -> AgentRewindError | None:
         """The turn's bookkeeping. A failed write (disk full, database locked) is reported to the
@@ -476,7 +494,11 @@ class SessionWorker:
         if turn.sent:
             steps.append(("touch", self._touch))
             steps.append(("view", self.view))
-        if turn.request_id:
+        if turn.request_id and not turn.sent:
+            # It never reached the CLI: nothing ran, so a retry with its request id runs it.
+            self._turns_by_request.pop(turn.request_id, None)
+            steps.append(("request", lambda: self._ctx.ledger.forget_request(turn.request_id)))
+        elif turn.request_id:
             snapshot = _Recorded(turn, error)
             steps.append(
                 ("request", lambda: self._ctx.ledger.finish_request(turn.request_id, snapshot.record()))
@@ -635,7 +657,7 @@ class _Recorded:
     def record(self) -> dict[str, Any]:
         out = self.turn.record()
         if self.error is not None and "error" not in out:
-            out["error"] = {"reason": self.error.reason, "message": self.error.message}
+            out["error"] = error_record(self.error)
         return out
 
 

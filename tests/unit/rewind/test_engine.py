@@ -450,13 +450,6 @@ async def test_a_pending_intent_still_current_is_finished(
     assert await s.texts() == ["one"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: _finish restores the files of a pending intent before it checks whether the "
-    "conversation moved on, then drops the intent as if nothing had been applied: the workspace "
-    "is rewound with no record of it, and a retry plans anew on top",
-)
 async def test_a_pending_intent_the_conversation_moved_past_restores_no_files(make_setup: MakeSetup) -> None:
     s = await make_setup()
     s.turn("one")

@@ -415,12 +415,6 @@ def test_stdio_mcp_servers_with_the_operator_flag() -> None:
 # Bugs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="BUG: a value of the wrong type for permission_mode or effort raises TypeError "
-    "(unhashable, from `value not in frozenset`), which the service answers as INTERNAL",
-)
 @pytest.mark.parametrize(
     "options",
     [
@@ -434,12 +428,6 @@ def test_an_unhashable_value_for_an_enumerated_option_is_invalid_argument(option
     ill_shaped(options)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="BUG: an MCP url with a bad port raises ValueError from urlsplit().port, which the "
-    "service answers as INTERNAL instead of INVALID_ARGUMENT naming the url",
-)
 @pytest.mark.parametrize("url", ["https://mcp.example.com:abc/mcp", "https://mcp.example.com:99999/mcp"])
 def test_an_mcp_url_with_a_bad_port_is_invalid_argument(url: str) -> None:
     assert ill_shaped({"mcp_servers": {"s": {"type": "http", "url": url}}}, EVERYTHING).field == (
@@ -447,12 +435,6 @@ def test_an_mcp_url_with_a_bad_port_is_invalid_argument(url: str) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="BUG: the name patterns end in `$` and are used with re.match, so a name with a "
-    "trailing newline passes (use fullmatch or \\Z)",
-)
 @pytest.mark.parametrize(
     ("options", "field"),
     [
@@ -474,3 +456,20 @@ def test_an_mcp_url_with_a_bad_port_is_invalid_argument(url: str) -> None:
 )
 def test_a_name_with_a_trailing_newline_is_refused(options: dict[str, Any], field: str) -> None:
     assert ill_shaped(options, EVERYTHING).field == field
+
+
+def test_stored_options_no_longer_allowed_are_dropped_and_named() -> None:
+    from agent_rewind.sessions.options import OperatorOptions, sanitize
+
+    stored = {
+        "model": "claude-test",
+        "settings": '{"hooks": {}}',
+        "add_dirs": ["/"],
+        "permission_mode": "bypassPermissions",
+        "allowed_tools": ["Bash"],
+    }
+    kept, dropped = sanitize(stored, OperatorOptions())
+    assert kept == {"model": "claude-test", "allowed_tools": ["Bash"]}
+    assert sorted(dropped) == ["add_dirs", "permission_mode", "settings"]
+    kept, dropped = sanitize(stored, OperatorOptions(allow_bypass_permissions=True))
+    assert kept["permission_mode"] == "bypassPermissions" and "permission_mode" not in dropped

@@ -206,3 +206,13 @@ def test_a_file_tool_in_allowed_tools_is_still_confined(workspace: Path, tool: s
     assert not policy.confinement(tool, outside_input).allow
     assert not policy.permission(tool, outside_input).allow
     assert policy.confinement(tool, {"file_path": "notes.txt", "pattern": "*.txt"}).allow
+
+
+@pytest.mark.parametrize("pattern", ["{/etc,src}/*", "{src, ~/.ssh}/*", "{a,{/etc,b}}/*", "src/{..,x}/*"])
+def test_glob_brace_alternatives_that_leave_the_workspace_are_denied(workspace: Path, pattern: str) -> None:
+    assert not allows(ToolPolicy(workspace, []), "Glob", {"pattern": pattern})
+
+
+@pytest.mark.parametrize("pattern", ["{src,docs}/*.md", "**/*.{py,txt}"])
+def test_glob_brace_alternatives_inside_the_workspace_are_allowed(workspace: Path, pattern: str) -> None:
+    assert allows(ToolPolicy(workspace, []), "Glob", {"pattern": pattern})

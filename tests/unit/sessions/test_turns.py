@@ -86,6 +86,7 @@ async def test_the_record_of_a_turn_whose_prompt_never_reached_the_cli() -> None
     assert record["error"] == {
         "reason": "AGENT_UNAVAILABLE",
         "message": AgentUnavailable(SID, "no cli").message,
+        "metadata": {"session_id": SID},
     }
     assert "result" not in record
 
@@ -113,3 +114,12 @@ async def test_a_replayed_failure_keeps_its_reason() -> None:
         await collect(replayed)
     assert caught.value.reason == "AGENT_UNAVAILABLE"
     assert caught.value.message == AgentUnavailable(SID, "no cli").message
+
+
+async def test_a_replayed_error_keeps_its_metadata() -> None:
+    failed = Turn(SID, "hi", request_id="r-1")
+    await failed.finish(AgentUnavailable(SID, "no cli"))
+    replayed = await Turn.replayed(SID, "hi", "r-1", failed.record())
+    with pytest.raises(AgentRewindError) as caught:
+        [e async for e in replayed.events()]
+    assert (caught.value.reason, caught.value.metadata) == ("AGENT_UNAVAILABLE", {"session_id": SID})

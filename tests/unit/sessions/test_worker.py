@@ -776,13 +776,6 @@ async def test_interrupt_while_the_prompt_is_still_starting_its_client_stops_the
     assert isinstance(events[-1], ResultEvent) and events[-1].interrupted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: while a prompt with a request_id is being recorded (begin_request), the session is "
-    "RUNNING but the worker's current turn is not set yet, so Interrupt returns having done nothing "
-    "and the turn runs to its end (close without force is not refused in that window either)",
-)
 async def test_an_interrupt_while_the_prompt_is_being_accepted_stops_the_turn(
     make_worker: MakeWorker, ledger: FlakyLedger
 ) -> None:
@@ -943,15 +936,6 @@ async def test_a_failing_ledger_write_at_acceptance_fails_the_call_and_claims_no
     assert isinstance(events[-1], ResultEvent)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="BUG: a shutdown that cancels a turn while it records itself (a slow ledger write, or "
-    "simply shutdown(0) right after a prompt was accepted: the turn fails with SHUTTING_DOWN and is "
-    "cancelled while it records that) leaves the turn unfinished and the session lock held, so the "
-    "stream never ends and the shutdown waits grace + 35 s: CancelledError escapes _record_turn in "
-    "the finally block before turn.finish() and lock.release()",
-)
 async def test_a_turn_cancelled_while_it_records_itself_still_ends_and_releases_the_lock(
     make_worker: MakeWorker, ledger: FlakyLedger
 ) -> None:
@@ -1102,13 +1086,6 @@ async def test_a_turn_a_dead_server_never_sent_runs_on_retry(
     assert recorded.result is not None and recorded.result["prompt_id"] == turn.prompt_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AgentRewindError,  # AGENT_UNAVAILABLE, replayed
-    reason="BUG: a prompt that failed before it reached the CLI (AGENT_UNAVAILABLE, retryable) "
-    "is recorded as finished, so a retry with the same request_id replays the failure forever "
-    "instead of running the prompt (a dead server's unsent prompt, and an abandoned rewind, do run)",
-)
 @pytest.mark.parametrize("restart", [False, True], ids=["same-server", "after-restart"])
 async def test_a_retry_of_a_prompt_that_never_reached_the_cli_runs_it(
     make_worker: MakeWorker, restart: bool
