@@ -181,25 +181,36 @@ class Soak:
 
     @staticmethod
     def _script(writes: dict[str, str]) -> str:
-        return "\n".join(f"write {path} {value}" for path, value in writes.items())
+        # Claude Code writes over an existing file only once the conversation has read it (a
+        # conversation rewind forgets what the dropped turns read), so each write reads first;
+        # reading a file that does not exist yet is an error the agent shrugs off.
+        return "\n".join(f"read {path}\nwrite {path} {value}" for path, value in writes.items())
 
     async def turn(self, model: Model) -> None:
         writes = self._writes(model)
         text = self._script(writes)
         events = await self.c.prompt(model.session_id, text)
+        failed = _failed_writes(events)
+        if failed:
+            raise Violation(f"{self.name(model)}: writes the agent made failed: {failed}")
         model.prompt(_prompt_id(events), text, writes)
         self.note(f"turn {self.name(model)} {writes}")
 
-    def _target(self, model: Model) -> tuple[int, int]:
+    async def _target(self, model: Model) -> tuple[int, int]:
         mode = self.rng.choice([FILES, CONVERSATION, BOTH])
         low = 0 if mode == FILES else 1  # the first prompt has no conversation to resume at
+        candidates = list(range(low, len(model.points)))
         if mode != CONVERSATION:
-            # Well inside the CLI's 100-prompt checkpoint window, dropped branches included.
-            low = max(low, len(model.points) - 30)
-        return self.rng.randrange(low, len(model.points)), mode
+            # Points the service says files can be rewound to (the CLI's checkpoint window, and a
+            # newest prompt whose checkpoint a crash lost): a rewind to any of them must work.
+            points = await _all_points(self.c, model.session_id)
+            candidates = [i for i in candidates if points[i].files_rewindable]
+            if not candidates:
+                mode, candidates = CONVERSATION, list(range(1, len(model.points)))
+        return self.rng.choice(candidates), mode
 
     async def rewind(self, model: Model) -> None:
-        index, mode = self._target(model)
+        index, mode = await self._target(model)
         result = await self.c.rewind(model.session_id, model.points[index].prompt_id, mode)
         if not result.rewind_id:
             raise Violation(f"no rewind id: {result}")
@@ -231,7 +242,9 @@ class Soak:
         """The next operation on a server armed to die at one of its steps."""
         if len(model.points) > 1 and self.rng.random() < 0.5:
             step = self.rng.choice(sorted(REWIND_STEPS))
-            index, mode = self._target(model)
+            index, mode = await self._target(model)
+            if step.startswith("rewind.files") and mode == CONVERSATION:
+                step = "rewind.completed"  # a conversation rewind has no files steps
             self.server.kill(with_cli=True)
             await self.server.wait()
             await self.start(fault=step)
@@ -242,7 +255,7 @@ class Soak:
                 pass
             if REWIND_STEPS[step]:
                 model.rewind(index, mode)
-            await self.died(f"{step}, rewind #{index} mode {mode}")
+            await self.died(f"{step}, {self.name(model)} rewind #{index} mode {mode}")
             await self.check_all()
             return
         step = self.rng.choice(TURN_STEPS)
@@ -258,7 +271,7 @@ class Soak:
             raise Violation(f"the server survived its fault at {step}")
         except grpc.aio.AioRpcError:
             pass
-        await self.died(f"{step}, turn {writes}")
+        await self.died(f"{step}, {self.name(model)} turn {writes}")
         if step != "turn.accepted":
             # The prompt was recorded; its tools ran only if the turn got to its result.
             points = await _all_points(self.c, model.session_id)
@@ -328,6 +341,20 @@ def _prompt_id(events: list[object]) -> str:
     if len(ids) != 1:
         raise Violation(f"a turn streamed {len(ids)} prompt events: {events}")
     return str(ids[0])
+
+
+def _failed_writes(events: list[object]) -> list[str]:
+    calls = {
+        use.id: use.input["file_path"]
+        for e in events
+        for use in e.assistant_message.tool_uses  # type: ignore[attr-defined]
+        if use.name == "Write"
+    }
+    return [
+        f"{calls[e.tool_result.tool_use_id]}: {e.tool_result.content[:100]}"  # type: ignore[attr-defined]
+        for e in events
+        if e.HasField("tool_result") and e.tool_result.tool_use_id in calls and e.tool_result.is_error  # type: ignore[attr-defined]
+    ]
 
 
 def _recall(events: list[object]) -> list[str]:
