@@ -118,7 +118,11 @@ def turn_event(session_id: str, event: TurnEvent) -> session_pb2.TurnEvent:
     )
 
 
-def rewind_point(point: RewindPoint, checkpointing: bool) -> rewind_pb2.RewindPoint:
+def rewind_point(
+    point: RewindPoint, checkpointing: bool, holds_pending: bool = False
+) -> rewind_pb2.RewindPoint:
+    """`holds_pending`: the session's live process ran its newest prompt, so it holds that prompt's
+    checkpoint before the CLI has written it down."""
     text = point.text if len(point.text) <= PREVIEW_CHARS else point.text[: PREVIEW_CHARS - 1] + "…"
     return rewind_pb2.RewindPoint(
         message_id=point.message_id,
@@ -126,7 +130,9 @@ def rewind_point(point: RewindPoint, checkpointing: bool) -> rewind_pb2.RewindPo
         text=text,
         index=point.index,
         create_time=timestamp(point.create_time),
-        files_rewindable=checkpointing and point.has_checkpoint,
+        files_rewindable=checkpointing
+        and point.has_checkpoint
+        and (holds_pending or not point.checkpoint_pending),
     )
 
 

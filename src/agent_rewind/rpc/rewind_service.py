@@ -59,7 +59,10 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         points = view.points[start : start + size]
         more = start + size < len(view.points)
         return rewind_service_pb2.ListRewindPointsResponse(
-            points=[convert.rewind_point(p, worker.record.checkpointing) for p in points],
+            points=[
+                convert.rewind_point(p, worker.record.checkpointing, worker.holds_newest_checkpoint)
+                for p in points
+            ],
             next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
             last_message_id=view.last_message_id,
         )

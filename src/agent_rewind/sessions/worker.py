@@ -103,6 +103,7 @@ class SessionWorker:
         self._read_lock = asyncio.Lock()
         self._turns_by_request: dict[str, Turn] = {}
         self._shutting_down = False
+        self._newest_turn_pid: int | None = None
         self.update_time: datetime = record.update_time
 
     # State
@@ -124,6 +125,12 @@ class SessionWorker:
     @property
     def client_pid(self) -> int | None:
         return self.process.pid
+
+    @property
+    def holds_newest_checkpoint(self) -> bool:
+        """Whether the live process ran the newest prompt: then it holds that prompt's file
+        checkpoint even before the CLI writes it to the transcript."""
+        return self.process.alive and self.process.pid == self._newest_turn_pid
 
     @property
     def file_history(self) -> Path:
@@ -422,6 +429,7 @@ class SessionWorker:
                 self.record = replace(self.record, closed=False)
             await client.send_prompt(turn.text, turn.prompt_id)
             turn.sent = True
+            self._newest_turn_pid = client.pid
             faults.point("turn.prompt_sent")
             if self._interrupt_pending:
                 await self._send_interrupt(turn, client)

@@ -55,6 +55,9 @@ class RewindPoint:
     index: int  # 0-based turn number on the visible chain
     create_time: datetime | None
     has_checkpoint: bool  # the CLI can still rewind files to it (see transcript.py for the rule)
+    # The checkpoint is not in the transcript yet: only the process that ran the prompt holds it
+    # (the CLI writes the newest prompt's snapshot lazily, so a crash can lose it).
+    checkpoint_pending: bool = False
 
     @property
     def preview(self) -> str:

@@ -543,6 +543,7 @@ class _Points(Sequence[RewindPoint]):
             index=entry.prompts - 1,
             create_time=parse_timestamp(entry.timestamp),
             has_checkpoint=has_checkpoint,
+            checkpoint_pending=position is None,
         )
 
 

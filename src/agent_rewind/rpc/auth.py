@@ -1,0 +1,76 @@
+"""Who is calling: credentials from a call, the principal they name, and what each RPC needs.
+
+The permission each RPC needs is in one table here (API.md, "Identity and ownership"); the
+handlers in `rpc/handlers.py` authenticate every call and check it before the servicer runs, and
+the servicers check ownership of the sessions they touch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import grpc
+
+from agent_rewind.access import LOCAL, AccessFile, Permission, Principal
+from agent_rewind.errors import Unauthenticated
+
+# RPC -> the permission it needs (None: any authenticated caller).
+METHOD_PERMISSIONS: dict[str, Permission | None] = {
+    "CreateSession": Permission.SESSIONS_WRITE,
+    "GetSession": Permission.SESSIONS_READ,
+    "ListSessions": Permission.SESSIONS_READ,
+    "Prompt": Permission.SESSIONS_WRITE,
+    "Interrupt": Permission.SESSIONS_WRITE,
+    "CloseSession": Permission.SESSIONS_WRITE,
+    "ForkSession": Permission.SESSIONS_WRITE,
+    "DeleteSession": Permission.SESSIONS_WRITE,
+    "GetCapabilities": None,
+    "ListRewindPoints": Permission.REWIND_PREVIEW,
+    "DryRun": Permission.REWIND_PREVIEW,
+    "Rewind": Permission.REWIND,
+    "UndoRewind": Permission.REWIND,
+    "WatchRewindEvents": Permission.EVENTS_READ,
+}
+
+_current: contextvars.ContextVar[Principal] = contextvars.ContextVar("principal", default=LOCAL)
+
+
+def current() -> Principal:
+    """The principal of the call being handled."""
+    return _current.get()
+
+
+class Authenticator:
+    """Credentials -> principal. Without an access file every caller is the local principal (a
+    server that listens on loopback only, or one started with --insecure)."""
+
+    def __init__(self, access: AccessFile | None) -> None:
+        self.access = access
+
+    @property
+    def enabled(self) -> bool:
+        return self.access is not None
+
+    def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        if self.access is None:
+            return LOCAL
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        header = metadata.get("authorization")
+        if header is not None:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("the authorization header must be 'Bearer <token>'")
+            return self.access.by_token(token.strip())
+        names = (context.auth_context() or {}).get("x509_common_name") or []
+        if names:
+            return self.access.by_subject(names[0].decode(errors="replace"))
+        raise Unauthenticated("no credentials: send 'authorization: Bearer <token>', or a client certificate")
+
+    def admit(self, method: str, context: grpc.aio.ServicerContext) -> Principal:
+        """Authenticates the call and checks the permission its RPC needs; sets `current()`."""
+        principal = self.authenticate(context)
+        needed = METHOD_PERMISSIONS[method]
+        if needed is not None:
+            principal.require(needed)
+        _current.set(principal)
+        return principal
