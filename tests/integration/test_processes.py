@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -40,6 +41,15 @@ def _idle_cli(config_dir: Path, argv0: str, *, detached: bool) -> Iterator[int]:
             stderr=subprocess.DEVNULL,
         )
         pid = holder.pid
+    # Until bash has exec'd the CLI, the process is bash.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{pid}/exe") == str(cli_binary().resolve()):
+                break
+        except OSError:
+            pass
+        time.sleep(0.01)
     try:
         yield pid
     finally:
