@@ -98,10 +98,10 @@ def _object(
 def _system_prompt(field: str, value: Any) -> Any:
     if isinstance(value, str):
         return _text(field, value, empty=True)
-    prompt = _object(field, value, {"type", "preset", "append", "exclude_dynamic_sections"}, {"type"})
-    if prompt["type"] != "preset":
+    if isinstance(value, dict) and value.get("type") != "preset":
         # {"type": "file", "path": ...} would read any file the service can read.
         raise OptionNotAllowed(f"{field}.type", "only the preset (with an appended text) or a string")
+    prompt = _object(field, value, {"type", "preset", "append", "exclude_dynamic_sections"}, {"type"})
     if prompt.get("preset", "claude_code") != "claude_code":
         raise InvalidArgument(f"{field}.preset", "must be claude_code")
     out: dict[str, Any] = {"type": "preset", "preset": "claude_code"}
