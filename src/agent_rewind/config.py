@@ -44,17 +44,35 @@ class Config:
     trust_project_settings: bool = False
     # Seconds a ledger write waits for another writer (an operator's sqlite3 shell, a backup).
     ledger_busy_timeout: float = 5.0
+    # Authentication: principals, their permissions and token hashes (access.py); TLS.
+    access_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # Listen beyond loopback without authentication and TLS (a warning at every start).
+    insecure: bool = False
+    # Per-principal limits (QUOTA_EXCEEDED beyond them).
+    max_sessions_per_principal: int = 10_000
+    max_running_turns_per_principal: int = 16
     # The environment the CLI processes see, beyond what the service sets itself.
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def resolved(self) -> Config:
         state = self.state_dir.expanduser().resolve()
         roots = self.workspace_roots or (state / "workspaces",)
+
+        def absolute(path: Path | None) -> Path | None:
+            return path.expanduser().resolve() if path is not None else None
+
         return dataclasses.replace(
             self,
             state_dir=state,
             workspace_roots=tuple(r.expanduser().resolve() for r in roots),
             extra_env=dict(self.extra_env),
+            access_file=absolute(self.access_file),
+            tls_cert=absolute(self.tls_cert),
+            tls_key=absolute(self.tls_key),
+            tls_client_ca=absolute(self.tls_client_ca),
         )
 
     @property
@@ -87,6 +105,17 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count flag's value: an integer of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
     return value
 
 
@@ -269,6 +298,60 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "trust_project_settings",
         "let the CLI load a workspace's .claude/ settings, hooks and commands (trusted workspaces only)",
         switch=True,
+    ),
+    Flag(
+        "--access-file",
+        "access_file",
+        "a JSON file of principals, their permissions and the SHA-256 of their tokens; turns "
+        "authentication on (docs/security.md), re-read when it changes",
+        convert=Path,
+        metavar="FILE",
+        default_help="none: no authentication, loopback only",
+    ),
+    Flag(
+        "--tls-cert",
+        "tls_cert",
+        "the server's TLS certificate chain (PEM)",
+        convert=Path,
+        metavar="FILE",
+        default_help="none",
+    ),
+    Flag(
+        "--tls-key",
+        "tls_key",
+        "the server's TLS private key (PEM)",
+        convert=Path,
+        metavar="FILE",
+        default_help="none",
+    ),
+    Flag(
+        "--tls-client-ca",
+        "tls_client_ca",
+        "CA certificates (PEM) client certificates must chain to: mutual TLS, each certificate's "
+        "common name a principal of the access file",
+        convert=Path,
+        metavar="FILE",
+        default_help="none",
+    ),
+    Flag(
+        "--insecure",
+        "insecure",
+        "allow listening beyond loopback without authentication and TLS (logs a warning at every start)",
+        switch=True,
+    ),
+    Flag(
+        "--max-sessions-per-principal",
+        "max_sessions_per_principal",
+        "sessions one principal may have",
+        convert=positive_int,
+        metavar="N",
+    ),
+    Flag(
+        "--max-running-turns-per-principal",
+        "max_running_turns_per_principal",
+        "turns of one principal's sessions that may run at once",
+        convert=positive_int,
+        metavar="N",
     ),
     Flag(
         "--log-format",

@@ -14,6 +14,8 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from agent_rewind import logs
+from agent_rewind.access import AccessFile, AccessFileError
 from agent_rewind.api.v1 import (
     rewind_service_pb2,
     rewind_service_pb2_grpc,
@@ -23,6 +25,7 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.logs import configure
 from agent_rewind.rewind.engine import RewindEngine
+from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
 from agent_rewind.rpc.session_service import SessionServicer
@@ -54,6 +57,9 @@ def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, st
         "HOME": str(config.state_dir / "home"),
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
+    # The service's own settings (a database URL with its password, the access file's path) are
+    # none of the agent's business: an agent allowed Bash could print its environment.
+    env.update({k: "" for k in os.environ if k.startswith("AGENT_REWIND_")})
     if model is not None:
         env.update({k: "" for k in os.environ if k.startswith("ANTHROPIC_")})
         env.update(ANTHROPIC_BASE_URL=model.base_url, ANTHROPIC_API_KEY="offline-scripted-model")
@@ -103,6 +109,7 @@ class RunningServer:
     config: Config
     engine: RewindEngine
     backend: str
+    authenticated: bool = False
     _stopped: bool = False
     _chores: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -150,9 +157,57 @@ async def _forget_old_requests(ledger: Ledger, retention: float) -> None:
         await asyncio.sleep(min(3600.0, max(retention / 10, 1.0)))
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+# The largest request the server reads: a prompt is at most 512 KiB of text (rpc/requests.py).
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+
+
+def check_transport(config: Config) -> None:
+    """Beyond loopback, callers must authenticate over TLS, unless the operator says --insecure."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise StartError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise StartError("--tls-client-ca needs --tls-cert and --tls-key")
+    if config.tls_client_ca is not None and config.access_file is None:
+        raise StartError("--tls-client-ca names principals by certificate: it needs --access-file")
+    host = config.listen.rsplit(":", 1)[0]
+    secured = config.access_file is not None and config.tls_cert is not None
+    if host not in _LOOPBACK and not secured:
+        if not config.insecure:
+            raise StartError(
+                f"listening on {config.listen} without authentication and TLS would let anyone who can "
+                "reach the port run agents on this host: pass --access-file with --tls-cert/--tls-key, "
+                "listen on loopback, or say --insecure"
+            )
+        log.warning(
+            "insecure: listening beyond loopback without authentication and TLS (--insecure)",
+            listen=config.listen,
+        )
+
+
+def _credentials(config: Config) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
 async def start(config: Config, client_factory: ClientFactory | None = None) -> RunningServer:
     """Starts a server for `config` (which must be resolved) and returns once it listens."""
     backend = choose_backend(config)
+    for variable in CREDENTIAL_VARIABLES:
+        logs.secret(os.environ.get(variable, ""))
+    check_transport(config)
+    try:
+        access = AccessFile(config.access_file) if config.access_file is not None else None
+        credentials = _credentials(config)
+    except (AccessFileError, OSError) as err:
+        raise StartError(str(err)) from err
+    authenticator = Authenticator(access)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
@@ -181,20 +236,29 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     registry = SessionRegistry(config, ledger, ctx)
     await registry.load()
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
+        ]
+    )
     tokens = PageTokens(await ledger.secret("page_tokens"))
     session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-        SessionServicer(registry, engine, tokens), server
+        SessionServicer(registry, engine, tokens, authenticator), server
     )
     rewind_service_pb2_grpc.add_RewindServiceServicer_to_server(
-        RewindServicer(registry, engine, tokens, backend), server
+        RewindServicer(registry, engine, tokens, authenticator, backend), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(config.listen)
+    port = (
+        server.add_secure_port(config.listen, credentials)
+        if credentials is not None
+        else server.add_insecure_port(config.listen)
+    )
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
     # Interrupted rewinds are finished before any call is admitted.
@@ -203,6 +267,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(server, port, registry, ledger, health_servicer, model, config, engine, backend)
+    running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     log.info(
         "serving",

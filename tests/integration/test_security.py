@@ -157,3 +157,71 @@ async def test_overlapping_workspaces_are_refused(tmp_path: Path) -> None:
                 await c.create(cwd=cwd)
             assert error_info(err.value).reason == "WORKSPACE_IN_USE", cwd
         assert (await c.create(cwd="team/b")).cwd == str(root / "team" / "b")
+
+
+async def test_no_secret_appears_in_any_log_line_or_in_session_options(tmp_path: Path) -> None:
+    from agent_rewind.access import hash_token
+    from agent_rewind.testing.server_process import ServerProcess
+    from tests.integration.harness import client_of
+
+    api_key, token, header = "sk-ant-api-SECRET-4f1d9c", "arw_token-SECRET-88a1", "mcp-header-SECRET-77b2"
+    access = tmp_path / "access.json"
+    access.write_text(
+        json.dumps(
+            {"principals": [{"name": "svc", "permissions": ["admin"], "token_sha256": [hash_token(token)]}]}
+        )
+    )
+    server = ServerProcess(
+        tmp_path / "state",
+        args=["--access-file", str(access), "--mcp-host", "mcp.example.com", "--log-level", "debug"],
+        env={"ANTHROPIC_API_KEY": api_key, "ANTHROPIC_AUTH_TOKEN": api_key + "-auth"},
+    )
+    try:
+        await server.start()
+        c = client_of(server)
+        md = (("authorization", f"Bearer {token}"),)
+        options = struct_pb2.Struct()
+        options.update(
+            {
+                "mcp_servers": {
+                    "docs": {
+                        "type": "http",
+                        "url": "https://mcp.example.com/mcp",
+                        "headers": {"Authorization": header},
+                    }
+                }
+            }
+        )
+        created = await c.sessions.CreateSession(
+            session_service_pb2.CreateSessionRequest(options=options), metadata=md
+        )
+        sid = created.session_id
+        assert header not in str(created.options) and "[redacted]" in str(created.options)
+        from agent_rewind.api.v1 import rewind_service_pb2
+
+        stream = c.sessions.Prompt(
+            session_service_pb2.PromptRequest(session_id=sid, text=f"say {token}"), metadata=md
+        )
+        events = [e async for e in stream]
+        await c.rewinds.ListRewindPoints(
+            rewind_service_pb2.ListRewindPointsRequest(session_id=sid), metadata=md
+        )
+        with pytest.raises(grpc.aio.AioRpcError):  # a caller who sent the token wrongly
+            await c.sessions.GetSession(
+                session_service_pb2.GetSessionRequest(session_id=sid),
+                metadata=(("authorization", f"Token {token}"),),
+            )
+        with pytest.raises(grpc.aio.AioRpcError):  # a caller who pasted the token in the wrong field
+            await c.sessions.CreateSession(
+                session_service_pb2.CreateSessionRequest(request_id=token), metadata=md
+            )
+        got = await c.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=sid), metadata=md)
+        assert header not in str(got.options)
+        assert events
+    finally:
+        await server.close()
+    text = server.log_path.read_text()
+    events = {line.get("event") for line in server.log_lines()}
+    assert {"session created", "cli started", "rpc refused"} <= events, "the logs were captured"
+    for value in (api_key, token, header):
+        assert value not in text, f"{value} leaked into the server's log"

@@ -59,7 +59,9 @@ class Authenticator:
         if header is not None:
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise Unauthenticated("the authorization header must be 'Bearer <token>'")
+                raise Unauthenticated(
+                    "the authorization header must be the word Bearer, a space, and the token"
+                )
             return self.access.by_token(token.strip())
         names = (context.auth_context() or {}).get("x509_common_name") or []
         if names:

@@ -55,6 +55,20 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return out
 
 
+def shown_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A session's options as callers see them: MCP header values (credentials) are masked."""
+    servers = options.get("mcp_servers")
+    if not isinstance(servers, dict):
+        return options
+    masked = {
+        name: {**config, "headers": {k: "[redacted]" for k in config["headers"]}}
+        if isinstance(config, dict) and isinstance(config.get("headers"), dict)
+        else config
+        for name, config in servers.items()
+    }
+    return {**options, "mcp_servers": masked}
+
+
 def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Session:
     record = worker.record
     return session_pb2.Session(
@@ -66,7 +80,8 @@ def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Sessio
         file_checkpointing=record.checkpointing,
         create_time=timestamp(record.create_time),
         update_time=timestamp(max(worker.update_time, record.update_time)),
-        options=_struct(record.options),
+        principal=record.principal,
+        options=_struct(shown_options(record.options)),
     )
 
 

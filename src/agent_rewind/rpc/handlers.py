@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
 
 from agent_rewind.errors import AgentRewindError
+from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.errors import abort, abort_internal
 
 log = structlog.get_logger(__name__)
@@ -45,6 +46,21 @@ async def _error_boundary(context: grpc.aio.ServicerContext) -> AsyncIterator[No
         await abort_internal(context)
 
 
+class Servicer(Protocol):
+    """What the handlers need of a servicer: how it authenticates callers."""
+
+    auth: Authenticator
+
+
+def _admit(servicer: Any, rpc: str, context: grpc.aio.ServicerContext) -> None:
+    """Authenticates the call and checks its permission (rpc/auth.py); a servicer without an
+    authenticator (a unit test's) admits every call as the local principal."""
+    auth: Authenticator | None = getattr(servicer, "auth", None)
+    principal = auth.admit(rpc, context) if auth is not None else None
+    if principal is not None and auth is not None and auth.enabled:
+        structlog.contextvars.bind_contextvars(principal=principal.name)
+
+
 def unary(
     fn: Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
 ) -> Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
@@ -52,6 +68,7 @@ def unary(
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         _bind(fn.__name__, request)
         async with _error_boundary(context):
+            _admit(self, fn.__name__, context)
             return await fn(self, request, context)
         raise AssertionError("unreachable: the boundary aborts")
 
@@ -65,6 +82,7 @@ def streaming(
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
         _bind(fn.__name__, request)
         async with _error_boundary(context):
+            _admit(self, fn.__name__, context)
             async for item in fn(self, request, context):
                 yield item
 

@@ -11,8 +11,8 @@ from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_p
 from agent_rewind.errors import InvalidArgument, NotServed
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rpc import convert, requests
-from agent_rewind.rpc.errors import abort
-from agent_rewind.rpc.handlers import unary
+from agent_rewind.rpc.auth import Authenticator, current
+from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.registry import SessionRegistry
@@ -21,11 +21,17 @@ from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     def __init__(
-        self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens, backend: str
+        self,
+        registry: SessionRegistry,
+        engine: RewindEngine,
+        tokens: PageTokens,
+        auth: Authenticator,
+        backend: str,
     ) -> None:
         self._registry = registry
         self._engine = engine
         self._tokens = tokens
+        self.auth = auth
         self._backend = backend
 
     @unary
@@ -42,13 +48,14 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             cli_version=adapter.cli_version(),
             replicas=1,
             model_backend=self._backend,
+            authentication=self.auth.enabled,
         )
 
     @unary
     async def ListRewindPoints(  # noqa: N802
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
     ) -> rewind_service_pb2.ListRewindPointsResponse:
-        worker = self._registry.get(required("session_id", request.session_id))
+        worker = self._registry.get(required("session_id", request.session_id), current())
         size = requests.page_size(request.page_size, default=100)
         scope = f"points:{worker.session_id}"
         position = self._tokens.position(request.page_token, scope)
@@ -76,6 +83,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
                 request.expected_last_message_id if request.HasField("expected_last_message_id") else None
             ),
             request_id=optional_uuid("request_id", request.request_id),
+            principal=current().name,
         )
 
     @unary
@@ -83,7 +91,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self, request: rewind_service_pb2.RewindRequest, context: grpc.aio.ServicerContext
     ) -> rewind_pb2.RewindResult:
         req = self._request(request)
-        worker = self._registry.get(req.session_id)
+        worker = self._registry.get(req.session_id, current())
         return convert.rewind_result(await self._engine.dry_run(worker, req))
 
     @unary
@@ -91,14 +99,15 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self, request: rewind_service_pb2.RewindRequest, context: grpc.aio.ServicerContext
     ) -> rewind_pb2.RewindResult:
         req = self._request(request)
-        worker = self._registry.get(req.session_id)
+        worker = self._registry.get(req.session_id, current())
         return convert.rewind_result(await self._engine.rewind(worker, req))
 
+    @streaming
     async def WatchRewindEvents(  # noqa: N802
         self, request: rewind_service_pb2.WatchRewindEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rewind_service_pb2.WatchRewindEventsResponse]:
         # Events are not served yet: GetCapabilities says events=false.
-        await abort(context, NotServed("WatchRewindEvents"))
+        raise NotServed("WatchRewindEvents")
         yield rewind_service_pb2.WatchRewindEventsResponse()  # pragma: no cover - an async generator
 
     @unary

@@ -11,6 +11,7 @@ from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_servic
 from agent_rewind.errors import NotServed
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, requests
+from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import commands
@@ -19,10 +20,17 @@ from agent_rewind.sessions.worker import SessionWorker
 
 
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
-    def __init__(self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens) -> None:
+    def __init__(
+        self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens, auth: Authenticator
+    ) -> None:
         self._registry = registry
         self._engine = engine
         self._tokens = tokens
+        self.auth = auth
+
+    def _session(self, session_id: str) -> SessionWorker:
+        """The caller's session (or any, for admin); SESSION_NOT_FOUND for anyone else's."""
+        return self._registry.get(required("session_id", session_id), current())
 
     @unary
     async def CreateSession(  # noqa: N802 - gRPC method name
@@ -40,6 +48,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
                 checkpointing=checkpointing,
                 workspace_snapshots=snapshots,
                 request_id=optional_uuid("request_id", request.request_id) or "",
+                principal=current().name,
             )
         )
         await self._registry.start(worker)
@@ -49,20 +58,22 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def GetSession(  # noqa: N802
         self, request: session_service_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        return await _session(self._registry.get(required("session_id", request.session_id)))
+        return await _session(self._session(request.session_id))
 
     @unary
     async def ListSessions(  # noqa: N802
         self, request: session_service_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> session_service_pb2.ListSessionsResponse:
         size = requests.page_size(request.page_size, default=50)
-        position = self._tokens.position(request.page_token, "sessions")
+        principal = current()
+        scope = f"sessions:{'*' if principal.admin else principal.name}"  # a token is the caller's own
+        position = self._tokens.position(request.page_token, scope)
         after = (str(position.get("t")), str(position.get("s"))) if position else None
-        workers, more = self._registry.page(after, size)
+        workers, more = self._registry.page(after, size, principal)
         token = ""
         if more:
             created, sid = page_key(workers[-1])
-            token = self._tokens.issue("sessions", {"t": created, "s": sid})
+            token = self._tokens.issue(scope, {"t": created, "s": sid})
         return session_service_pb2.ListSessionsResponse(
             sessions=[await _session(w) for w in workers], next_page_token=token
         )
@@ -71,7 +82,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def Prompt(  # noqa: N802
         self, request: session_service_pb2.PromptRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[session_pb2.TurnEvent]:
-        worker = self._registry.get(required("session_id", request.session_id))
+        worker = self._session(request.session_id)
         text = requests.prompt_text(request.text)
         commands.check_prompt(text)
         request_id = optional_uuid("request_id", request.request_id) or ""
@@ -85,7 +96,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def Interrupt(  # noqa: N802
         self, request: session_service_pb2.InterruptRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        worker = self._registry.get(required("session_id", request.session_id))
+        worker = self._session(request.session_id)
         await worker.interrupt()
         return await _session(worker)
 
@@ -93,7 +104,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def CloseSession(  # noqa: N802
         self, request: session_service_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        worker = self._registry.get(required("session_id", request.session_id))
+        worker = self._session(request.session_id)
         await worker.close(force=request.force)
         return await _session(worker)
 

@@ -98,7 +98,7 @@ def _object(
 def _system_prompt(field: str, value: Any) -> Any:
     if isinstance(value, str):
         return _text(field, value, empty=True)
-    if isinstance(value, dict) and value.get("type") != "preset":
+    if isinstance(value, dict) and "type" in value and value["type"] != "preset":
         # {"type": "file", "path": ...} would read any file the service can read.
         raise OptionNotAllowed(f"{field}.type", "only the preset (with an appended text) or a string")
     prompt = _object(field, value, {"type", "preset", "append", "exclude_dynamic_sections"}, {"type"})

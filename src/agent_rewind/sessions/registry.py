@@ -13,10 +13,13 @@ from typing import Any
 
 import structlog
 
+from agent_rewind import logs
+from agent_rewind.access import Principal
 from agent_rewind.config import Config
 from agent_rewind.errors import (
     AgentUnavailable,
     InvalidArgument,
+    QuotaExceeded,
     RequestIdReused,
     SessionAlreadyExists,
     SessionNotFound,
@@ -51,14 +54,23 @@ class NewSessionRequest:
     principal: str = ""
 
     def fingerprint(self) -> str:
-        return dumps([self.cwd, self.session_id, self.options, self.checkpointing, self.workspace_snapshots])
+        return dumps(
+            [
+                self.cwd,
+                self.session_id,
+                self.options,
+                self.checkpointing,
+                self.workspace_snapshots,
+                self.principal,
+            ]
+        )
 
 
 class SessionRegistry:
     def __init__(self, config: Config, ledger: Ledger, ctx: WorkerContext) -> None:
         self._config = config
         self._ledger = ledger
-        self._ctx = ctx
+        self._ctx = dataclasses.replace(ctx, admit_turn=self._admit_turn)
         self._workers: dict[str, SessionWorker] = {}
         self._create_lock = asyncio.Lock()
         self._shutting_down = False
@@ -83,27 +95,42 @@ class SessionRegistry:
                     keys=dropped,
                 )
                 record = dataclasses.replace(record, options=options)
+            _register_secrets(record.options)
             self._workers[record.session_id] = SessionWorker(record, self._ctx)
 
     @property
     def workers(self) -> dict[str, SessionWorker]:
         return self._workers
 
-    def get(self, session_id: str) -> SessionWorker:
+    def get(self, session_id: str, principal: Principal | None = None) -> SessionWorker:
+        """The session; to a principal that may not see it (not its owner, not admin) it does not
+        exist: the same SESSION_NOT_FOUND, no hint."""
         worker = self._workers.get(session_id)
-        if worker is None:
+        if worker is None or (principal is not None and not principal.owns(worker.record.principal)):
             raise SessionNotFound(session_id)
         return worker
 
-    def all(self) -> list[SessionWorker]:
-        """Newest first."""
-        return sorted(self._workers.values(), key=page_key, reverse=True)
+    def _admit_turn(self, worker: SessionWorker) -> None:
+        owner = worker.record.principal
+        limit = self._config.max_running_turns_per_principal
+        running = sum(1 for w in self._workers.values() if w.turn_running and w.record.principal == owner)
+        if running >= limit:
+            raise QuotaExceeded("running_turns", limit)
 
-    def page(self, after: tuple[str, str] | None, size: int) -> tuple[list[SessionWorker], bool]:
+    def all(self, principal: Principal | None = None) -> list[SessionWorker]:
+        """Newest first; only those `principal` may see, if given."""
+        workers = list(self._workers.values())
+        if principal is not None and not principal.admin:
+            workers = [w for w in workers if w.record.principal == principal.name]
+        return sorted(workers, key=page_key, reverse=True)
+
+    def page(
+        self, after: tuple[str, str] | None, size: int, principal: Principal | None = None
+    ) -> tuple[list[SessionWorker], bool]:
         """Up to `size` sessions, newest first, strictly after the key `after` (create time in ISO
         8601, session id); and whether more follow. A keyset, so sessions created between two
         pages neither repeat nor push others out of the next page."""
-        ordered = self.all()
+        ordered = self.all(principal)
         if after is not None:
             ordered = [w for w in ordered if page_key(w) < after]
         return ordered[:size], len(ordered) > size
@@ -143,6 +170,7 @@ class SessionRegistry:
 
     async def create(self, req: NewSessionRequest) -> SessionWorker:
         options = session_options.validate(req.options, self.operator)
+        _register_secrets(options)
         sid = req.session_id or str(uuid.uuid4())
         request = (
             NewRequest(req.request_id, "CreateSession", req.fingerprint(), sid) if req.request_id else None
@@ -156,6 +184,9 @@ class SessionRegistry:
                     return self._repeat(existing.method, existing.fingerprint, existing.session_id, request)
             if sid in self._workers:
                 raise SessionAlreadyExists(sid)
+            owned = sum(1 for w in self._workers.values() if w.record.principal == req.principal)
+            if owned >= self._config.max_sessions_per_principal:
+                raise QuotaExceeded("sessions", self._config.max_sessions_per_principal)
             workspace = self.resolve_workspace(req.cwd, sid)
             workspace.mkdir(parents=True, exist_ok=True)
             new = NewSession(
@@ -221,14 +252,9 @@ class SessionRegistry:
         await asyncio.gather(*(w.shutdown(grace) for w in self._workers.values()), return_exceptions=True)
 
 
-def check_text(text: str, limit: int) -> str:
-    """A prompt's text: not empty, not too long."""
-    if not text.strip():
-        raise InvalidArgument("text", "must not be empty")
-    if len(text) > limit:
-        raise InvalidArgument("text", f"must be at most {limit} characters")
-    return text
-
-
-def cli_env(items: Mapping[str, str]) -> dict[str, str]:
-    return dict(items)
+def _register_secrets(options: Mapping[str, Any]) -> None:
+    """MCP header values are credentials: the logs must never show them."""
+    servers = options.get("mcp_servers")
+    for config in servers.values() if isinstance(servers, dict) else ():
+        for value in (config.get("headers") or {}).values() if isinstance(config, dict) else ():
+            logs.secret(str(value))

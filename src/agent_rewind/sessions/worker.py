@@ -66,6 +66,10 @@ async def _no_pending(worker: SessionWorker) -> None:
     return None
 
 
+def _any_turn(worker: SessionWorker) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class WorkerContext:
     """What every worker shares: the ledger, how to start a client, the CLI's environment."""
@@ -81,6 +85,9 @@ class WorkerContext:
     # before any prompt or rewind, so nothing runs on a half-applied rewind.
     resolve_pending: Callable[[SessionWorker], Awaitable[None]] = _no_pending
     project_settings: bool = False
+    # Raises (QuotaExceeded) when the session's principal may not start another turn now; called
+    # in the same step that claims the session for a turn, so two prompts cannot both slip by.
+    admit_turn: Callable[[SessionWorker], None] = _any_turn
 
 
 class SessionWorker:
@@ -354,6 +361,7 @@ class SessionWorker:
         self.check_no_turn()
         if self._shutting_down:
             raise ShuttingDown()
+        self._ctx.admit_turn(self)
         turn = Turn(self.session_id, text, request_id=request_id, prelude=prelude)
         # Claimed, and the current turn, before the first await: an Interrupt or a close that
         # comes while the request is being recorded finds it.
