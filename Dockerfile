@@ -55,11 +55,16 @@ RUN groupadd --system --gid ${UID} agent-rewind \
 # Same base image and same path as in the builder, so the venv's interpreter links still resolve.
 COPY --from=builder /opt/venv /opt/venv
 
+# Authentication and TLS are on: the access file (principals, token hashes) and the server's
+# certificate are mounted from Secrets at these paths (deploy/ does), or set these to others.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/var/lib/agent-rewind \
-    AGENT_REWIND_LOG_FORMAT=json
+    AGENT_REWIND_LOG_FORMAT=json \
+    AGENT_REWIND_ACCESS_FILE=/etc/agent-rewind/access/access.json \
+    AGENT_REWIND_TLS_CERT=/etc/agent-rewind/tls/tls.crt \
+    AGENT_REWIND_TLS_KEY=/etc/agent-rewind/tls/tls.key
 
 # Numeric, so Kubernetes can check runAsNonRoot against the image.
 USER ${UID}:${UID}

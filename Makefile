@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: run test lint fmt proto demo bench soak clean
+.PHONY: run test lint fmt proto demo bench soak fuzz clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: $(STAMP)  ## walk through the product against a running `make run`
 
 bench: $(STAMP)  ## speed targets, medians side by side
 	$(PY) -m benchmarks $(ARGS)
+
+fuzz: $(STAMP)  ## every hostile-input property and RPC fuzz with at least 10,000 examples each (tens of minutes)
+	AGENT_REWIND_FUZZ=1 $(PY) -m pytest tests/unit/test_hostile_input.py tests/integration/test_fuzz.py \
+		-p no:cacheprovider --hypothesis-show-statistics -q $(ARGS)
 
 soak: $(STAMP)  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)
 	$(PY) scripts/soak.py $(ARGS)

@@ -18,13 +18,12 @@ from agent_rewind import logs
 from agent_rewind.access import AccessFile, AccessFileError
 from agent_rewind.api.v1 import (
     rewind_service_pb2,
-    rewind_service_pb2_grpc,
     session_service_pb2,
-    session_service_pb2_grpc,
 )
 from agent_rewind.config import Config
 from agent_rewind.logs import configure
 from agent_rewind.rewind.engine import RewindEngine
+from agent_rewind.rpc import registration
 from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
@@ -40,10 +39,9 @@ from agent_rewind.testing.scripted_model import ScriptedModel
 
 log = structlog.get_logger(__name__)
 
-SERVICE_NAMES = (
-    session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name,
-    rewind_service_pb2.DESCRIPTOR.services_by_name["RewindService"].full_name,
-)
+SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"]
+REWIND_SERVICE = rewind_service_pb2.DESCRIPTOR.services_by_name["RewindService"]
+SERVICE_NAMES = (SESSION_SERVICE.full_name, REWIND_SERVICE.full_name)
 
 
 def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, str]:
@@ -243,12 +241,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         ]
     )
     tokens = PageTokens(await ledger.secret("page_tokens"))
-    session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-        SessionServicer(registry, engine, tokens, authenticator), server
-    )
-    rewind_service_pb2_grpc.add_RewindServiceServicer_to_server(
-        RewindServicer(registry, engine, tokens, authenticator, backend), server
-    )
+    registration.add(server, SESSION_SERVICE, SessionServicer(registry, engine, tokens, authenticator))
+    registration.add(server, REWIND_SERVICE, RewindServicer(registry, engine, tokens, authenticator, backend))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

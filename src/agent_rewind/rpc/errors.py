@@ -57,14 +57,27 @@ def _pack(message: error_details_pb2.ErrorInfo | error_details_pb2.BadRequest) -
     return packed
 
 
+# A status travels in the response's trailers, which clients cap (8 KiB by default): what a
+# request sent back in an error is cut so the error always arrives whole.
+_MAX_MESSAGE = 1024
+_MAX_VALUE = 256
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def to_status(err: AgentRewindError) -> status_pb2.Status:
     code = STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
-    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=err.metadata)
+    metadata = {k: _cut(v, _MAX_VALUE) for k, v in err.metadata.items()}
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=metadata)
     details = [_pack(info)]
     if isinstance(err, InvalidArgument):
-        violation = error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.description)
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=_cut(err.field, _MAX_VALUE), description=_cut(err.description, _MAX_MESSAGE)
+        )
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
-    return status_pb2.Status(code=code.value[0], message=err.message, details=details)
+    return status_pb2.Status(code=code.value[0], message=_cut(err.message, _MAX_MESSAGE), details=details)
 
 
 def internal_status() -> status_pb2.Status:

@@ -10,9 +10,10 @@ from typing import Any, Protocol, TypeVar
 import grpc
 import structlog
 
-from agent_rewind.errors import AgentRewindError
+from agent_rewind.errors import AgentRewindError, InvalidArgument
 from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.errors import abort, abort_internal
+from agent_rewind.rpc.registration import Undecodable
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +53,11 @@ class Servicer(Protocol):
     auth: Authenticator
 
 
+def _decoded(request: Any) -> None:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument("request", f"is not a valid {request.type_name} message: {request.error}")
+
+
 def _admit(servicer: Any, rpc: str, context: grpc.aio.ServicerContext) -> None:
     """Authenticates the call and checks its permission (rpc/auth.py); a servicer without an
     authenticator (a unit test's) admits every call as the local principal."""
@@ -69,6 +75,7 @@ def unary(
         _bind(fn.__name__, request)
         async with _error_boundary(context):
             _admit(self, fn.__name__, context)
+            _decoded(request)
             return await fn(self, request, context)
         raise AssertionError("unreachable: the boundary aborts")
 
@@ -83,6 +90,7 @@ def streaming(
         _bind(fn.__name__, request)
         async with _error_boundary(context):
             _admit(self, fn.__name__, context)
+            _decoded(request)
             async for item in fn(self, request, context):
                 yield item
 

@@ -30,6 +30,11 @@ def required(field: str, value: str) -> str:
     return value
 
 
+def session_id(value: str, field: str = "session_id") -> str:
+    """A session id: required, and a UUID (the SDK's session ids are)."""
+    return uuid_field(field, required(field, value))
+
+
 def uuid_field(field: str, value: str) -> str:
     """A UUID in its canonical form; INVALID_ARGUMENT naming the field otherwise."""
     try:

@@ -55,7 +55,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     async def ListRewindPoints(  # noqa: N802
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
     ) -> rewind_service_pb2.ListRewindPointsResponse:
-        worker = self._registry.get(required("session_id", request.session_id), current())
+        worker = self._registry.get(requests.session_id(request.session_id), current())
         size = requests.page_size(request.page_size, default=100)
         scope = f"points:{worker.session_id}"
         position = self._tokens.position(request.page_token, scope)
@@ -76,7 +76,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         return RewindRequest(
-            session_id=required("session_id", request.session_id),
+            session_id=requests.session_id(request.session_id),
             message_id=required("message_id", request.message_id),
             mode=convert.mode(request.mode),
             expected_last_message_id=(

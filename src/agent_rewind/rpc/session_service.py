@@ -13,7 +13,7 @@ from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.handlers import streaming, unary
-from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
+from agent_rewind.rpc.requests import PageTokens, optional_uuid
 from agent_rewind.sessions import commands
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry, page_key
 from agent_rewind.sessions.worker import SessionWorker
@@ -30,7 +30,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
 
     def _session(self, session_id: str) -> SessionWorker:
         """The caller's session (or any, for admin); SESSION_NOT_FOUND for anyone else's."""
-        return self._registry.get(required("session_id", session_id), current())
+        return self._registry.get(requests.session_id(session_id), current())
 
     @unary
     async def CreateSession(  # noqa: N802 - gRPC method name

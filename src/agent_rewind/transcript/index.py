@@ -185,7 +185,7 @@ def _parse(line: bytes, stats: IndexStats) -> dict[str, Any] | None:
     stats.lines_parsed += 1
     try:
         raw = json.loads(line)
-    except ValueError:  # a corrupt line: the CLI's own reader skips those too
+    except (ValueError, RecursionError):  # a corrupt (or absurdly nested) line: the CLI skips those too
         return None
     return raw if isinstance(raw, dict) else None
 
