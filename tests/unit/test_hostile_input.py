@@ -6,6 +6,7 @@ clean error naming the field or a right answer, never an unexpected exception (I
 
 from __future__ import annotations
 
+import contextlib
 import json
 import string
 import tempfile
@@ -144,14 +145,10 @@ def test_any_transcript_reads_without_an_unexpected_error(
         for point in view.points:
             assert point.message_id and point.index >= 0
         for message_id in lookups:
-            try:
+            with contextlib.suppress(InvalidArgument, MessageNotFound, NotARewindPoint):
                 view.resolve(message_id)
-            except (InvalidArgument, MessageNotFound, NotARewindPoint):
-                pass
-            try:
+            with contextlib.suppress(MessageNotFound):
                 index.view(message_id)
-            except MessageNotFound:
-                pass
         with path.open("ab") as f:  # the CLI appends, a partial last line completed later
             f.write(b'{"type":"user"' + string.ascii_letters[:3].encode())
         index.refresh()
