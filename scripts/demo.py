@@ -3,6 +3,10 @@
 Run `make run` in one terminal, then `make demo` (or `python scripts/demo.py --server HOST:PORT`) in
 another. The demo reads the session's workspace directly, so it expects the server on this machine.
 It uses the same client code as the `agent-rewind` CLI and prints the CLI command for each step.
+
+Against a server that authenticates its callers, set the variables the CLI reads: $AGENT_REWIND_TOKEN
+(the bearer token), and for TLS $AGENT_REWIND_TLS_CA (and $AGENT_REWIND_CLIENT_CERT with
+$AGENT_REWIND_CLIENT_KEY for mutual TLS). The commands the demo prints then work as shown.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from agent_rewind.api.v1 import rewind_pb2
 from agent_rewind.client import (
     Client,
     TurnOutcome,
+    UsageError,
     follow_turn,
     format_capabilities,
     format_points,
     format_rewind_result,
     format_session,
     render_rpc_error,
+    resolve_credentials,
     resolve_server,
 )
 
@@ -308,7 +314,10 @@ def run(tour: Tour) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog="Credentials come from $AGENT_REWIND_TOKEN and $AGENT_REWIND_TLS_CA, _CERT, _KEY, as for the CLI.",
+    )
     parser.add_argument(
         "--server",
         metavar="HOST:PORT",
@@ -317,13 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause", action="store_true", help="wait for Enter between steps")
     args = parser.parse_args(argv)
     server = resolve_server(args.server)
-    with Client(server) as client:
+    try:
+        credentials = resolve_credentials()  # the variables only: the demo has no credential flags
+    except UsageError as err:
+        parser.error(str(err))  # exits 2
+    tls = credentials.tls is not None
+    with Client(server, token=credentials.token, tls=credentials.tls) as client:
         tour = Tour(client, pause=args.pause)
         try:
             run(tour)
         except grpc.RpcError as err:
             sys.stdout.flush()
-            for line in render_rpc_error(err, server=server):
+            for line in render_rpc_error(err, server=server, tls=tls):
                 print(line, file=sys.stderr)
             return 1
         except KeyboardInterrupt:

@@ -1,25 +1,34 @@
-"""The `agent-rewind` command: `serve` runs the service; every other command is a client of it.
+"""The `agent-rewind` command: `serve` runs the service; `token` makes and hashes bearer tokens;
+every other command is a client of the service.
 
 Client commands print plain-text tables (or, with `--json`, the API's messages as JSON) on stdout,
 and a failed RPC as `error: <STATUS> <REASON>: <message>` on stderr with exit code 1. Usage errors
-exit 2.
+(a missing or unreadable credentials file among them) exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import io
+import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
 import grpc
 
 from agent_rewind import config
+from agent_rewind.access import Permission, hash_token, new_token
 from agent_rewind.api.v1 import rewind_pb2
 from agent_rewind.client import (
     MODES,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_ENV,
     Client,
     UsageError,
     build_options,
@@ -29,9 +38,11 @@ from agent_rewind.client import (
     format_rewind_result,
     format_session,
     format_sessions,
+    is_loopback,
     parse_mode,
     read_prompt_text,
     render_rpc_error,
+    resolve_credentials,
     resolve_server,
     to_json,
 )
@@ -42,6 +53,8 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 Handler = Callable[[argparse.Namespace, Client, TextIO], int]
+# A command that calls no server (`token ...`).
+LocalHandler = Callable[[argparse.Namespace, TextIO], int]
 
 
 # --- argument types -----------------------------------------------------------------------------
@@ -52,6 +65,23 @@ def _mode_arg(text: str) -> rewind_pb2.RewindMode.ValueType:
         return parse_mode(text)
     except UsageError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _permission_arg(text: str) -> Permission:
+    try:
+        return Permission(text.strip().lower())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a permission: {text!r} (choose from {', '.join(p.value for p in Permission)})"
+        ) from None
+
+
+def _principal_arg(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a principal needs a name")
+    if text != text.strip():
+        raise argparse.ArgumentTypeError(f"a principal's name has no surrounding whitespace: {text!r}")
+    return text
 
 
 def _page_size_arg(text: str) -> int:
@@ -172,26 +202,116 @@ def _capabilities(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     return 0
 
 
+# --- token commands (no server) -----------------------------------------------------------------
+
+DEFAULT_PERMISSIONS = tuple(p for p in Permission if p is not Permission.ADMIN)
+TOKEN_NOTE = (
+    "The token is not stored anywhere, by this command or by the service (whose access file holds only "
+    "its SHA-256): this is the only time it is shown. Keep it secret, as you would a password; give "
+    f"it to its caller in a file for --token-file, or in ${TOKEN_ENV}."
+)
+
+
+def _token_create(args: argparse.Namespace, out: TextIO) -> int:
+    chosen = set(args.permission or DEFAULT_PERMISSIONS)
+    permissions = [p.value for p in Permission if p in chosen]  # the enum's order, each once
+    token = new_token()
+    entry = {"name": args.principal, "permissions": permissions, "token_sha256": [hash_token(token)]}
+    note = textwrap.fill(TOKEN_NOTE, 100, break_on_hyphens=False)
+    if args.json:
+        _print(out, json.dumps({"token": token, "entry": entry}, indent=2))
+        sys.stderr.write(note + "\n")
+        return 0
+    add = textwrap.fill(
+        'Add this entry to the "principals" list of the service\'s access file (--access-file); the '
+        "service reads the file again when it changes:",
+        100,
+        break_on_hyphens=False,
+    )
+    _print(out, f"token: {token}\n\n{note}\n\n{add}\n{json.dumps(entry, indent=2)}")
+    return 0
+
+
+def _token_hash(args: argparse.Namespace, out: TextIO) -> int:
+    # From a terminal the token is not echoed; from a pipe or a file it is read whole.
+    token = (getpass.getpass("token (not echoed): ") if sys.stdin.isatty() else sys.stdin.read()).strip()
+    if not token:
+        raise UsageError("no token on stdin")
+    if "\n" in token:
+        raise UsageError("stdin holds more than one line: give one token")
+    digest = hash_token(token)
+    _print(out, json.dumps({"token_sha256": digest}) if args.json else digest)
+    return 0
+
+
 # --- the parser ---------------------------------------------------------------------------------
 
 
-def _client_options(*, top_level: bool) -> argparse.ArgumentParser:
-    """--server and --json, accepted before or after the command.
+class _NoTokenFlag(argparse.Action):
+    """`--token`: refused, without echoing the value (which argparse would otherwise take as an
+    abbreviation of --token-file and print back as a file name)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            "there is no --token flag: a token on the command line shows in process lists and shell "
+            f"history; put it in a file for --token-file FILE, or in ${TOKEN_ENV}"
+        )
+
+
+def _client_options(*, top_level: bool, server: bool = True) -> argparse.ArgumentParser:
+    """--server, the credentials and --json, accepted before or after the command (`server=False`:
+    --json only, for the commands that call no server).
 
     On subcommands their default is SUPPRESS, so a value given before the command is not overwritten.
     """
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument(
-        "--server",
-        metavar="HOST:PORT",
-        default=None if top_level else argparse.SUPPRESS,
-        help="the agent-rewind server (default $AGENT_REWIND_SERVER, else 127.0.0.1:50051)",
-    )
+    unset = None if top_level else argparse.SUPPRESS
+    if server:
+        parser.add_argument(
+            "--server",
+            metavar="HOST:PORT",
+            default=unset,
+            help="the agent-rewind server (default $AGENT_REWIND_SERVER, else 127.0.0.1:50051)",
+        )
+        parser.add_argument(
+            "--token-file",
+            metavar="FILE",
+            default=unset,
+            help=f"send the bearer token this file holds (default ${TOKEN_ENV}, the token itself)",
+        )
+        parser.add_argument(
+            "--token", nargs="?", action=_NoTokenFlag, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        parser.add_argument(
+            "--tls-ca",
+            metavar="FILE",
+            default=unset,
+            help=f"call over TLS, trusting the CA certificates (PEM) in FILE (default ${TLS_CA_ENV})",
+        )
+        parser.add_argument(
+            "--tls-cert",
+            metavar="FILE",
+            default=unset,
+            help=f"mutual TLS: the client certificate chain (PEM) to present (default ${TLS_CERT_ENV}); "
+            "goes with --tls-key. Without --tls-ca, the system's CAs are trusted",
+        )
+        parser.add_argument(
+            "--tls-key",
+            metavar="FILE",
+            default=unset,
+            help=f"the private key (PEM) of --tls-cert (default ${TLS_KEY_ENV})",
+        )
     parser.add_argument(
         "--json",
         action="store_true",
         default=False if top_level else argparse.SUPPRESS,
-        help="print the API's messages as JSON instead of tables",
+        help="print the API's messages as JSON instead of tables" if server else "print one JSON object",
     )
     return parser
 
@@ -291,6 +411,32 @@ def build_parser() -> argparse.ArgumentParser:
     rewind.add_argument("--request-id", metavar="UUID", help="a retry with the same id applies nothing again")
 
     _command(commands, "capabilities", _capabilities, "what this deployment supports", common)
+
+    local = _client_options(top_level=False, server=False)
+    token = commands.add_parser(
+        "token", help="make a bearer token and its access file entry, or hash a token (no server needed)"
+    )
+    token_commands = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    create_help = "print a new token, once, and the entry that admits it in the access file"
+    token_create = token_commands.add_parser(
+        "create", help=create_help, description=create_help, parents=[local]
+    )
+    token_create.set_defaults(local=_token_create, subparser=token_create)
+    token_create.add_argument(
+        "--principal", required=True, type=_principal_arg, metavar="NAME", help="who the token names"
+    )
+    token_create.add_argument(
+        "--permission",
+        action="extend",
+        nargs="+",
+        type=_permission_arg,
+        metavar="P",
+        help=f"a permission: {', '.join(p.value for p in Permission)}; repeatable "
+        f"(default: all but {Permission.ADMIN.value})",
+    )
+    hash_help = "print the SHA-256 of a token read from stdin, for the access file's token_sha256"
+    token_hash = token_commands.add_parser("hash", help=hash_help, description=hash_help, parents=[local])
+    token_hash.set_defaults(local=_token_hash, subparser=token_hash)
     return parser
 
 
@@ -320,9 +466,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     _tolerant_stdout()
+    local: LocalHandler | None = getattr(args, "local", None)
+    if local is not None:
+        try:
+            return local(args, sys.stdout)
+        except UsageError as err:
+            args.subparser.error(str(err))  # exits 2
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
     server = resolve_server(args.server)
     try:
-        with Client(server) as client:
+        credentials = resolve_credentials(
+            token_file=args.token_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key
+        )
+    except UsageError as err:
+        args.subparser.error(str(err))  # exits 2
+        return EXIT_USAGE
+    tls = credentials.tls is not None
+    if credentials.token is not None and not tls and not is_loopback(server):
+        sys.stderr.write(
+            f"warning: sending the bearer token to {server} without TLS: anyone on the way can read it "
+            "(--tls-ca makes the channel TLS)\n"
+        )
+    try:
+        with Client(server, token=credentials.token, tls=credentials.tls) as client:
             code: int = args.handler(args, client, sys.stdout)
             return code
     except UsageError as err:
@@ -330,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except grpc.RpcError as err:
         sys.stdout.flush()
-        for line in render_rpc_error(err, server=server):
+        for line in render_rpc_error(err, server=server, tls=tls):
             sys.stderr.write(line + "\n")
         return EXIT_RPC_ERROR
     except KeyboardInterrupt:

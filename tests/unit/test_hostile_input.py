@@ -65,7 +65,7 @@ def test_any_id_is_a_canonical_uuid_or_invalid_argument(value: str) -> None:
     try:
         canonical = uuid_field("request_id", value)
     except InvalidArgument as err:
-        assert err.field == "request_id" and len(err.message) < 200
+        assert err.field == "request_id" and len(err.message) < 400  # the value is cut
         return
     assert canonical == uuid_field("session_id", canonical) and len(canonical) == 36
     assert optional_uuid("request_id", value) == canonical

@@ -1,4 +1,8 @@
-"""A small synchronous client over a plain (insecure) gRPC channel, shared by the CLI and the demo."""
+"""A small synchronous client, shared by the CLI and the demo.
+
+By default the channel is plain (insecure) gRPC, which suits a server on loopback. With `tls` it is
+a TLS channel; with `token` every call carries `authorization: Bearer <token>`.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from agent_rewind.api.v1 import (
     session_service_pb2_grpc,
 )
 
+from ._credentials import BearerToken, Tls
+
 DEFAULT_SERVER = "127.0.0.1:50051"
 SERVER_ENV = "AGENT_REWIND_SERVER"
 
@@ -30,32 +36,54 @@ def resolve_server(flag: str | None, env: Mapping[str, str] | None = None) -> st
     return flag or environ.get(SERVER_ENV) or DEFAULT_SERVER
 
 
-def _is_loopback(server: str) -> bool:
-    host = server.rsplit(":", 1)[0].strip("[]") if ":" in server else server
+def is_loopback(server: str) -> bool:
+    """Whether HOST:PORT names this machine's loopback interface."""
+    if server.startswith("["):
+        host = server[1:].split("]", 1)[0]
+    elif server.count(":") == 1:
+        host = server.rsplit(":", 1)[0]
+    else:
+        host = server
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _options(server: str) -> list[tuple[str, Any]]:
     # gRPC honours $http_proxy; a proxy cannot reach this machine's loopback, so never use one for it.
-    return [("grpc.enable_http_proxy", 0)] if _is_loopback(server) else []
+    return [("grpc.enable_http_proxy", 0)] if is_loopback(server) else []
 
 
 class Client:
     """Typed calls on SessionService and RewindService. Failed calls raise grpc.RpcError.
 
+    `token`: a bearer token sent as `authorization: Bearer <token>` on every call, streaming ones
+    included. `tls`: use a TLS channel, trusting `tls.ca` (else the system's roots) and, for mutual
+    TLS, presenting `tls.cert_chain` and `tls.key`. Neither: a plain channel, for a loopback server.
+    `channel` replaces the channel the client would open (the token is still added to its calls).
+
     Use as a context manager, or call `close()`, to release the channel.
     """
 
-    def __init__(self, server: str, *, channel: Any = None) -> None:
+    def __init__(
+        self, server: str, *, token: str | None = None, tls: Tls | None = None, channel: Any = None
+    ) -> None:
         self.server = server
-        self._channel: Any = (
-            channel if channel is not None else grpc.insecure_channel(server, _options(server))
-        )
+        self.tls = tls is not None
+        # ValueError for an empty or malformed token, before a channel is opened.
+        bearer = BearerToken(token) if token is not None else None
+        if channel is None:
+            channel = (
+                grpc.secure_channel(server, tls.channel_credentials(), _options(server))
+                if tls is not None
+                else grpc.insecure_channel(server, _options(server))
+            )
+        self._channel: Any = channel
+        if bearer is not None:
+            channel = grpc.intercept_channel(channel, bearer)
         self._sessions: session_service_pb2_grpc.SessionServiceStub = (
-            session_service_pb2_grpc.SessionServiceStub(self._channel)
+            session_service_pb2_grpc.SessionServiceStub(channel)
         )
         self._rewinds: rewind_service_pb2_grpc.RewindServiceStub = rewind_service_pb2_grpc.RewindServiceStub(
-            self._channel
+            channel
         )
 
     def __enter__(self) -> Client:

@@ -13,6 +13,39 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[i
 # Where gRPC carries the google.rpc.Status of a failed call (the same key grpc_status reads).
 _DETAILS_KEY = "grpc-status-details-bin"
 _UNREACHABLE_HINT = "is the server running (`make run` in another terminal)?"
+_TLS_FLAGS = "--tls-ca, --tls-cert/--tls-key or $AGENT_REWIND_TLS_*"
+# (text in the channel's message, over TLS?, hint): a connection that failed in its TLS handshake.
+_TLS_HINTS = (
+    (
+        "CERTIFICATE_VERIFY_FAILED",
+        True,
+        "the server's certificate is not signed by a trusted CA: pass the CA that signed it with --tls-ca",
+    ),
+    ("Hostname Verification", True, "the server's certificate does not name the host of --server"),
+    ("WRONG_VERSION_NUMBER", True, f"the server does not speak TLS: call it without {_TLS_FLAGS}"),
+    (
+        "security handshaker",
+        True,
+        "the TLS files cannot be used: is --tls-key the key of --tls-cert, and --tls-ca a CA certificate?",
+    ),
+    (
+        "Socket closed",
+        True,
+        "the server closed the connection in the TLS handshake: does it want a client certificate "
+        "(--tls-cert/--tls-key) signed by a CA it trusts?",
+    ),
+    (
+        "Socket closed",
+        False,
+        "the server closed the connection: if it serves TLS, pass --tls-ca (and --tls-cert/--tls-key "
+        f"for mutual TLS); else {_UNREACHABLE_HINT}",
+    ),
+)
+_AUTH_HINTS = {
+    code_pb2.UNAUTHENTICATED: "the service admits a token (--token-file FILE or $AGENT_REWIND_TOKEN) "
+    "or a client certificate (--tls-cert/--tls-key) that its access file lists",
+    code_pb2.PERMISSION_DENIED: "ask the service's operator to grant it in the access file",
+}
 
 
 def code_name(code: int) -> str:
@@ -85,14 +118,30 @@ def is_unreachable(status: status_pb2.Status) -> bool:
     return status.code == code_pb2.UNAVAILABLE and error_info(status) is None
 
 
-def render_status(status: status_pb2.Status, *, server: str | None = None) -> list[str]:
-    """`error: <STATUS> <REASON>: <message>`, then metadata and field violations, one per line."""
+def _unreachable_hint(message: str, tls: bool) -> str:
+    for needle, over_tls, hint in _TLS_HINTS:
+        if needle in message and over_tls == tls:
+            return hint
+    return _UNREACHABLE_HINT
+
+
+def render_status(status: status_pb2.Status, *, server: str | None = None, tls: bool = False) -> list[str]:
+    """`error: <STATUS> <REASON>: <message>`, then metadata and field violations, one per line.
+
+    A server that cannot be reached, and a call refused as UNAUTHENTICATED or PERMISSION_DENIED, are
+    one line with a hint. `tls` says whether the call went over TLS (for the hint to a failed handshake).
+    """
     name = code_name(status.code)
     if is_unreachable(status):
         where = f" at {server}" if server else ""
         first = status.message.splitlines()[0] if status.message else "unavailable"
-        return [f"error: cannot reach agent-rewind{where} ({first}); {_UNREACHABLE_HINT}"]
+        return [f"error: cannot reach agent-rewind{where} ({first}); {_unreachable_hint(first, tls)}"]
     info = error_info(status)
+    if status.code in _AUTH_HINTS:
+        # The reason is the status' own name: say it once. The message names what is missing.
+        reason = f" {info.reason}" if info and info.reason and info.reason != name else ""
+        message = status.message.splitlines()[0] if status.message else name.lower().replace("_", " ")
+        return [f"error: {name}{reason}: {message}; {_AUTH_HINTS[status.code]}"]
     head = f"error: {name} {info.reason}" if info and info.reason else f"error: {name}"
     lines = [f"{head}: {status.message}" if status.message else head]
     if info is not None:
@@ -109,6 +158,6 @@ def render_status(status: status_pb2.Status, *, server: str | None = None) -> li
     return lines
 
 
-def render_rpc_error(error: Any, *, server: str | None = None) -> list[str]:
+def render_rpc_error(error: Any, *, server: str | None = None, tls: bool = False) -> list[str]:
     """The lines `render_status` gives for a raised grpc.RpcError."""
-    return render_status(status_from_error(error), server=server)
+    return render_status(status_from_error(error), server=server, tls=tls)

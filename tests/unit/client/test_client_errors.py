@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
@@ -144,11 +145,96 @@ def test_rpc_error_whose_status_disagrees_with_the_header_still_renders_the_deta
 
 
 def test_rpc_error_without_details_uses_code_and_details() -> None:
-    error = FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no", None)
-    assert status_from_error(error) == status_pb2.Status(code=code_pb2.PERMISSION_DENIED, message="no")
-    assert render_rpc_error(error) == ["error: PERMISSION_DENIED: no"]
+    error = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "no", None)
+    assert status_from_error(error) == status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message="no")
+    assert render_rpc_error(error) == ["error: FAILED_PRECONDITION: no"]
 
 
 def test_undecodable_details_fall_back_to_code_and_details() -> None:
     error = FakeRpcError(grpc.StatusCode.INTERNAL, "x", [("grpc-status-details-bin", b"\xff\xff\xff")])
     assert render_rpc_error(error) == ["error: INTERNAL: x"]
+
+
+AUTH_HINT = (
+    "the service admits a token (--token-file FILE or $AGENT_REWIND_TOKEN) or a client certificate "
+    "(--tls-cert/--tls-key) that its access file lists"
+)
+
+
+def test_unauthenticated_is_one_line_naming_the_status_once_with_a_hint() -> None:
+    status = make_status(
+        code_pb2.UNAUTHENTICATED,
+        "the bearer token is not valid",
+        error_details_pb2.ErrorInfo(reason="UNAUTHENTICATED", domain=DOMAIN),
+    )
+    assert render_status(status) == [f"error: UNAUTHENTICATED: the bearer token is not valid; {AUTH_HINT}"]
+    # Without details (refused by something before the service), the same line.
+    error = FakeRpcError(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid", None)
+    assert render_rpc_error(error) == render_status(status)
+
+
+def test_permission_denied_is_one_line_without_its_metadata() -> None:
+    status = make_status(
+        code_pb2.PERMISSION_DENIED,
+        "this call needs the permission 'rewind', which the caller lacks",
+        error_details_pb2.ErrorInfo(
+            reason="PERMISSION_DENIED", domain=DOMAIN, metadata={"permission": "rewind"}
+        ),
+    )
+    assert render_status(status) == [
+        "error: PERMISSION_DENIED: this call needs the permission 'rewind', which the caller lacks; "
+        "ask the service's operator to grant it in the access file"
+    ]
+
+
+def test_an_auth_refusal_with_another_reason_keeps_it() -> None:
+    status = make_status(
+        code_pb2.PERMISSION_DENIED,
+        "quota",
+        error_details_pb2.ErrorInfo(reason="PRINCIPAL_LOCKED", domain=DOMAIN),
+    )
+    (line,) = render_status(status)
+    assert line.startswith("error: PERMISSION_DENIED PRINCIPAL_LOCKED: quota; ")
+
+
+@pytest.mark.parametrize(
+    ("message", "tls", "hint"),
+    [
+        (
+            "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED",
+            True,
+            "the server's certificate is not signed by a trusted CA: pass the CA that signed it with --tls-ca",
+        ),
+        (
+            "Custom verification check failed with error: UNAUTHENTICATED: Hostname Verification Check failed.",
+            True,
+            "the server's certificate does not name the host of --server",
+        ),
+        (
+            "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: WRONG_VERSION_NUMBER",
+            True,
+            "the server does not speak TLS: call it without --tls-ca, --tls-cert/--tls-key or $AGENT_REWIND_TLS_*",
+        ),
+        (
+            "Socket closed",
+            True,
+            "the server closed the connection in the TLS handshake: does it want a client certificate "
+            "(--tls-cert/--tls-key) signed by a CA it trusts?",
+        ),
+        (
+            "Socket closed",
+            False,
+            "the server closed the connection: if it serves TLS, pass --tls-ca (and --tls-cert/--tls-key for "
+            "mutual TLS); else is the server running (`make run` in another terminal)?",
+        ),
+        (
+            "Connection refused",
+            True,
+            "is the server running (`make run` in another terminal)?",
+        ),
+    ],
+)
+def test_a_failed_tls_handshake_gets_a_hint_about_tls(message: str, tls: bool, hint: str) -> None:
+    first = f"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: {message}"
+    (line,) = render_status(make_status(code_pb2.UNAVAILABLE, first), server="127.0.0.1:1", tls=tls)
+    assert line == f"error: cannot reach agent-rewind at 127.0.0.1:1 ({first}); {hint}"
