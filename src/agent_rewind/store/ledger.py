@@ -217,9 +217,9 @@ class Ledger(Protocol):
 
     async def complete_rewind(
         self, rewind_id: str, result: dict[str, Any], anchor: Anchor | None, event: NewEvent
-    ) -> int:
+    ) -> EventRecord:
         """Marks the rewind applied, stores its cut (a conversation half) and appends its event,
-        in one transaction; returns the event's cursor."""
+        in one transaction; returns the event, with its cursor."""
         ...
 
     async def abandon_rewind(self, rewind_id: str) -> None:

@@ -402,10 +402,10 @@ class SqliteLedger:
 
     async def complete_rewind(
         self, rewind_id: str, result: dict[str, Any], anchor: Anchor | None, event: NewEvent
-    ) -> int:
+    ) -> EventRecord:
         stamp = now().isoformat()
 
-        def complete(db: sqlite3.Connection) -> int:
+        def complete(db: sqlite3.Connection) -> EventRecord:
             cursor = _append_event(db, event, stamp)
             changed = db.execute(
                 "UPDATE rewinds SET state = 'applied', result_json = ?, cursor = ?"
@@ -439,7 +439,7 @@ class SqliteLedger:
                 " WHERE rewind_id = ?)",
                 (stamp, rewind_id),
             )
-            return cursor
+            return _appended(cursor, event, stamp)
 
         return await self._write(complete)
 
@@ -567,6 +567,12 @@ def _append_event(db: sqlite3.Connection, event: NewEvent, stamp: str) -> int:
         (cursor, event.kind, event.session_id, event.rewind_id, event.principal, stamp, dumps(event.data)),
     )
     return cursor
+
+
+def _appended(cursor: int, event: NewEvent, stamp: str) -> EventRecord:
+    return EventRecord(
+        cursor, event.kind, event.session_id, event.rewind_id, event.principal, _time(stamp), dict(event.data)
+    )
 
 
 def _event(row: sqlite3.Row) -> EventRecord:

@@ -189,7 +189,7 @@ def test_system_prompt_as_the_preset() -> None:
 
 def test_system_prompt_read_from_a_file_is_not_allowed() -> None:
     err = not_allowed({"system_prompt": {"type": "file", "path": "/etc/shadow"}})
-    assert err.field == "options.system_prompt.path"
+    assert err.field == "options.system_prompt.type"
     err = not_allowed({"system_prompt": {"type": "file"}})
     assert err.field == "options.system_prompt.type"
 

@@ -195,9 +195,14 @@ async def test_an_intent_is_pending_until_completed(ledger: Ledger) -> None:
     record = await ledger.rewind("r1")
     assert record is not None and record.files_applied
     result = {"rewind_id": "r1", "files": {"files_changed": ["a.txt"]}}
-    cursor = await ledger.complete_rewind("r1", result, None, _event("r1"))
+    event = await ledger.complete_rewind("r1", result, None, _event("r1"))
     record = await ledger.rewind("r1")
-    assert record is not None and (record.state, record.result, record.cursor) == ("applied", result, cursor)
+    assert record is not None and (record.state, record.result, record.cursor) == (
+        "applied",
+        result,
+        event.cursor,
+    )
+    assert (await ledger.events_after(0)) == [event], "the returned event is the one the log holds"
     request = await ledger.request("req-1")
     assert request is not None and request.done
 
@@ -258,10 +263,10 @@ async def test_cursors_are_gap_free_and_follow_completion_order(ledger: Ledger) 
     await _begin(ledger, "late")
     await _begin(ledger, "dropped")
     await _begin(ledger, "other", session_id=OTHER)
-    assert await ledger.complete_rewind("late", {}, None, _event("late", messages_dropped=2)) == 1
+    assert (await ledger.complete_rewind("late", {}, None, _event("late", messages_dropped=2))).cursor == 1
     await ledger.abandon_rewind("dropped")
-    assert await ledger.complete_rewind("other", {}, None, _event("other", OTHER)) == 2
-    assert await ledger.complete_rewind("early", {}, None, _event("early")) == 3
+    assert (await ledger.complete_rewind("other", {}, None, _event("other", OTHER))).cursor == 2
+    assert (await ledger.complete_rewind("early", {}, None, _event("early"))).cursor == 3
     events = await ledger.events_after(0)
     assert [(e.cursor, e.rewind_id) for e in events] == [(1, "late"), (2, "other"), (3, "early")]
     assert events[0].data == {"messages_dropped": 2} and events[0].kind == "REWOUND"
@@ -282,7 +287,7 @@ async def test_trimming_keeps_the_newest_and_cursors_go_on(ledger: Ledger) -> No
     assert await ledger.trim_events(keep=None, older_than=now() + timedelta(seconds=1)) == 2
     assert await ledger.event_bounds() == (6, 5), "nothing retained: the oldest is past the newest"
     await _begin(ledger, "r5")
-    assert await ledger.complete_rewind("r5", {}, None, _event("r5")) == 6
+    assert (await ledger.complete_rewind("r5", {}, None, _event("r5"))).cursor == 6
     assert await ledger.event_bounds() == (6, 6)
 
 
@@ -291,5 +296,5 @@ async def test_concurrent_completions_get_distinct_consecutive_cursors(ledger: L
     ids = [f"r{n}" for n in range(20)]
     for rid in ids:
         await _begin(ledger, rid)
-    cursors = await asyncio.gather(*(ledger.complete_rewind(r, {}, None, _event(r)) for r in ids))
-    assert sorted(cursors) == list(range(1, 21))
+    events = await asyncio.gather(*(ledger.complete_rewind(r, {}, None, _event(r)) for r in ids))
+    assert sorted(e.cursor for e in events) == list(range(1, 21))

@@ -41,7 +41,7 @@ async def test_everything_survives_closing_and_reopening_the_file(tmp_path: Path
             {"ok": True},
         )
         assert [r.rewind_id for r in await second.pending_rewinds()] == ["r2"]
-        assert await second.complete_rewind("r2", {}, None, NewEvent("REWOUND", SID, "r2")) == 2
+        assert (await second.complete_rewind("r2", {}, None, NewEvent("REWOUND", SID, "r2"))).cursor == 2
     finally:
         await second.close()
 
@@ -96,7 +96,7 @@ async def test_a_round_one_ledger_is_migrated_in_place(tmp_path: Path) -> None:
         assert [e.cursor for e in await ledger.events_after(0)] == [1, 2]
         assert await ledger.event_bounds() == (1, 2)
         assert [r.rewind_id for r in await ledger.pending_rewinds()] == ["r2"]
-        assert await ledger.complete_rewind("r2", {}, None, NewEvent("REWOUND", SID, "r2")) == 3
+        assert (await ledger.complete_rewind("r2", {}, None, NewEvent("REWOUND", SID, "r2"))).cursor == 3
     finally:
         await ledger.close()
 
