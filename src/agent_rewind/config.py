@@ -54,6 +54,11 @@ class Config:
     # Per-principal limits (QUOTA_EXCEEDED beyond them).
     max_sessions_per_principal: int = 10_000
     max_running_turns_per_principal: int = 16
+    # The event log keeps events this many seconds and at most this many of them (0: no bound).
+    event_retention: float = 30 * 24 * 3600.0
+    event_retention_count: int = 1_000_000
+    # How many events a watcher may fall behind before it is cut off (SUBSCRIBER_TOO_SLOW).
+    watcher_buffer: int = 1000
     # The environment the CLI processes see, beyond what the service sets itself.
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -105,6 +110,17 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more: {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """A bound's value: an integer of 0 (no bound) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
     return value
 
 
@@ -350,6 +366,27 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "--max-running-turns-per-principal",
         "max_running_turns_per_principal",
         "turns of one principal's sessions that may run at once",
+        convert=positive_int,
+        metavar="N",
+    ),
+    Flag(
+        "--event-retention",
+        "event_retention",
+        "seconds the event log keeps an event, 0 for no age bound; an older cursor is CURSOR_EXPIRED",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
+        "--event-retention-count",
+        "event_retention_count",
+        "the most events the log keeps (the newest), 0 for no count bound",
+        convert=count,
+        metavar="N",
+    ),
+    Flag(
+        "--watcher-buffer",
+        "watcher_buffer",
+        "events a WatchRewindEvents stream may fall behind before it is ended (SUBSCRIBER_TOO_SLOW)",
         convert=positive_int,
         metavar="N",
     ),

@@ -21,6 +21,7 @@ from agent_rewind.api.v1 import (
     session_service_pb2,
 )
 from agent_rewind.config import Config
+from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import registration
@@ -107,6 +108,7 @@ class RunningServer:
     config: Config
     engine: RewindEngine
     backend: str
+    hub: EventHub
     authenticated: bool = False
     _stopped: bool = False
     _chores: list[asyncio.Task[None]] = field(default_factory=list)
@@ -124,6 +126,8 @@ class RunningServer:
         grace = self.config.shutdown_grace if grace is None else grace
         log.info("shutting down", grace=grace)
         await self.health.enter_graceful_shutdown()
+        # Watchers reconnect (elsewhere, or here after the restart) with their cursor.
+        await self.hub.close()
         await self.registry.shutdown(grace)
         await self.server.stop(grace=1.0)
         for chore in self._chores:
@@ -153,6 +157,28 @@ async def _forget_old_requests(ledger: Ledger, retention: float) -> None:
         except Exception as err:  # a full disk now is no reason to stop serving
             log.warning("could not forget old request ids", error=str(err))
         await asyncio.sleep(min(3600.0, max(retention / 10, 1.0)))
+
+
+async def _trim_events(ledger: Ledger, config: Config) -> None:
+    """Drops events beyond --event-retention (seconds) and --event-retention-count."""
+    age, count = config.event_retention, config.event_retention_count
+    if not age and not count:
+        return
+    dropped = await ledger.trim_events(
+        keep=count or None, older_than=now() - timedelta(seconds=age) if age else None
+    )
+    if dropped:
+        log.info("events past their retention dropped", count=dropped)
+
+
+async def _keep_trimming_events(ledger: Ledger, config: Config) -> None:
+    every = min(600.0, max(config.event_retention / 10, 1.0)) if config.event_retention else 60.0
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await _trim_events(ledger, config)
+        except Exception as err:  # a full disk now is no reason to stop serving
+            log.warning("could not drop old events", error=str(err))
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -220,7 +246,13 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     else:
         log.info("model backend", backend=backend)
     ledger = await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
-    engine = RewindEngine(ledger)
+    try:
+        await _trim_events(ledger, config)
+    except Exception as err:
+        log.warning("could not drop old events", error=str(err))
+    hub = EventHub(ledger, max_lag=config.watcher_buffer)
+    await hub.start()
+    engine = RewindEngine(ledger, publish=hub.publish)
     ctx = WorkerContext(
         ledger=ledger,
         client_factory=client_factory or default_factory(config),
@@ -242,7 +274,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     )
     tokens = PageTokens(await ledger.secret("page_tokens"))
     registration.add(server, SESSION_SERVICE, SessionServicer(registry, engine, tokens, authenticator))
-    registration.add(server, REWIND_SERVICE, RewindServicer(registry, engine, tokens, authenticator, backend))
+    registration.add(server, REWIND_SERVICE, RewindServicer(registry, engine, tokens, authenticator, backend, hub))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -260,9 +292,10 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     await server.start()
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    running = RunningServer(server, port, registry, ledger, health_servicer, model, config, engine, backend)
+    running = RunningServer(server, port, registry, ledger, health_servicer, model, config, engine, backend, hub)
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
+    running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))
     log.info(
         "serving",
         address=running.address,

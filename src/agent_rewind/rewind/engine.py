@@ -15,6 +15,7 @@ import asyncio
 import enum
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,15 @@ from agent_rewind.errors import (
 from agent_rewind.rewind import checkpoints
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.worker import SessionWorker
-from agent_rewind.store.ledger import Anchor, Ledger, NewEvent, NewRequest, NewRewind, RewindRecord
+from agent_rewind.store.ledger import (
+    Anchor,
+    EventRecord,
+    Ledger,
+    NewEvent,
+    NewRequest,
+    NewRewind,
+    RewindRecord,
+)
 from agent_rewind.transcript.entries import RewindPoint
 
 log = structlog.get_logger(__name__)
@@ -149,9 +158,14 @@ class _MovedOn(AgentRewindError):
     nobody asked to drop."""
 
 
+Publish = Callable[[EventRecord], None]
+
+
 class RewindEngine:
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, publish: Publish | None = None) -> None:
         self._ledger = ledger
+        # Told of every event this engine commits (the event hub), after the commit.
+        self._publish = publish
 
     async def _plan(self, worker: SessionWorker, req: RewindRequest) -> _Plan:
         view = await worker.view()
@@ -351,9 +365,11 @@ class RewindEngine:
             session_id=worker.session_id,
             rewind_id=record.rewind_id,
             principal=record.principal,
-            data=event_data(plan["target"], record.mode, final),
+            data=event_data(plan["target"], record.mode, final, owner=worker.record.principal),
         )
-        await self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor, event)
+        committed = await self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor, event)
+        if self._publish is not None:
+            self._publish(committed)
         faults.point("rewind.completed")
         if anchor is not None:
             # The live process remembers the dropped turns: cut them there too.
@@ -406,10 +422,12 @@ class RewindEngine:
                 log.error("could not finish an interrupted rewind", session_id=session_id, error=err.message)
 
 
-def event_data(target: str, mode: str, outcome: RewindOutcome) -> dict[str, Any]:
-    """What a REWOUND event tells watchers: ids, the mode, the files summary, counts. No text."""
+def event_data(target: str, mode: str, outcome: RewindOutcome, owner: str) -> dict[str, Any]:
+    """What a REWOUND event tells watchers: ids, the mode, the files summary, counts. No text.
+    `owner`: the session's principal, who (with admins) may see the event."""
     files = outcome.files
     return {
+        "owner": owner,
         "message_id": target,
         "mode": mode,
         "files": {

@@ -12,6 +12,7 @@ from agent_rewind.errors import InvalidArgument
 from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome
 from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, ToolResultEvent, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, State
+from agent_rewind.store.ledger import EventRecord
 from agent_rewind.transcript.entries import PREVIEW_CHARS, RewindPoint
 from agent_rewind.transcript.index import ConversationView
 
@@ -183,6 +184,40 @@ def _conversation(half: ConversationHalf) -> rewind_pb2.ConversationRewindResult
         rewound=half.rewound,
         messages_dropped=half.messages_dropped,
         refusal=_refusal(half.refusal),
+    )
+
+
+_EVENT_KINDS = {
+    "REWOUND": rewind_pb2.REWIND_EVENT_KIND_REWOUND,
+    "UNDONE": rewind_pb2.REWIND_EVENT_KIND_UNDONE,
+    "SESSION_DELETED": rewind_pb2.REWIND_EVENT_KIND_SESSION_DELETED,
+}
+_EVENT_MODES = {
+    Mode.FILES.value: rewind_pb2.REWIND_MODE_FILES,
+    Mode.CONVERSATION.value: rewind_pb2.REWIND_MODE_CONVERSATION,
+    Mode.BOTH.value: rewind_pb2.REWIND_MODE_BOTH,
+}
+
+
+def rewind_event(event: EventRecord) -> rewind_pb2.RewindEvent:
+    """An event of the log as watchers see it (its data: rewind/engine.py `event_data`)."""
+    data = event.data
+    files = data.get("files")
+    return rewind_pb2.RewindEvent(
+        cursor=event.cursor,
+        kind=_EVENT_KINDS.get(event.kind, rewind_pb2.REWIND_EVENT_KIND_UNSPECIFIED),
+        rewind_id=event.rewind_id,
+        session_id=event.session_id,
+        message_id=str(data.get("message_id", "")),
+        mode=_EVENT_MODES.get(str(data.get("mode", "")), rewind_pb2.REWIND_MODE_UNSPECIFIED),
+        files=_files(FilesHalf(**{**files, "files_changed": tuple(files["files_changed"])}))
+        if isinstance(files, dict)
+        else None,
+        messages_dropped=int(data.get("messages_dropped", 0)),
+        principal=event.principal,
+        occur_time=timestamp(event.occur_time),
+        last_message_id=str(data.get("last_message_id", "")),
+        conversation_changed=bool(data.get("conversation_changed", False)),
     )
 
 

@@ -2,21 +2,63 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import grpc
 
 from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, NotServed
+from agent_rewind.errors import InvalidArgument, NotServed, SubscriberTooSlow
+from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
+from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.store.ledger import EventRecord
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
+
+
+class _EventMessages:
+    """Each event's response built once, however many watchers send it."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._messages: OrderedDict[int, rewind_service_pb2.WatchRewindEventsResponse] = OrderedDict()
+
+    def response(self, event: EventRecord) -> rewind_service_pb2.WatchRewindEventsResponse:
+        found = self._messages.get(event.cursor)
+        if found is None:
+            found = rewind_service_pb2.WatchRewindEventsResponse(event=convert.rewind_event(event))
+            self._messages[event.cursor] = found
+            if len(self._messages) > self._size:
+                self._messages.popitem(last=False)
+        return found
+
+
+async def _cut_off(
+    context: grpc.aio.ServicerContext,
+    events: AsyncGenerator[Any, None],
+    task: asyncio.Task[Any],
+    delivered: int | None,
+) -> None:
+    """Ends a watch that fell behind: the status follows what its transport already holds. The
+    handler, likely waiting on that full transport, is closed so that it holds nothing more."""
+    with contextlib.suppress(grpc.aio.AbortError, grpc.aio.UsageError, RuntimeError):
+        await abort(context, SubscriberTooSlow(delivered or 0))
+    try:
+        # Suspended where it handed gRPC its last message: close it there.
+        await events.aclose()
+    except RuntimeError:
+        # It is running (waiting on the log, say): cancel it where it waits.
+        task.cancel()
 
 
 class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
@@ -27,9 +69,12 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         tokens: PageTokens,
         auth: Authenticator,
         backend: str,
+        hub: EventHub,
     ) -> None:
         self._registry = registry
         self._engine = engine
+        self._hub = hub
+        self._events = _EventMessages()
         self._tokens = tokens
         self.auth = auth
         self._backend = backend
@@ -42,7 +87,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             modes=convert.MODES_SERVED,
             file_checkpoint_window=FILE_CHECKPOINT_WINDOW,
             dry_run=True,
-            events=False,
+            events=True,
             service_version=__version__,
             sdk_version=adapter.sdk_version(),
             cli_version=adapter.cli_version(),
@@ -106,9 +151,37 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     async def WatchRewindEvents(  # noqa: N802
         self, request: rewind_service_pb2.WatchRewindEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rewind_service_pb2.WatchRewindEventsResponse]:
-        # Events are not served yet: GetCapabilities says events=false.
-        raise NotServed("WatchRewindEvents")
-        yield rewind_service_pb2.WatchRewindEventsResponse()  # pragma: no cover - an async generator
+        principal = current()
+        session_id = None
+        if request.session_id:
+            session_id = self._registry.get(requests.session_id(request.session_id), principal).session_id
+        after = request.after_cursor if request.HasField("after_cursor") else None
+
+        def visible(event: EventRecord) -> bool:
+            # The session's owner (and admins) may see its events, whoever made them.
+            return principal.owns(str(event.data.get("owner", event.principal)))
+
+        # The newest cursor whose message gRPC has taken (a write that is still waiting on a
+        # full transport does not count): a watcher cut off resumes after it, missing nothing.
+        delivered = after
+        task = asyncio.current_task()
+
+        def too_slow() -> None:
+            assert task is not None
+            asyncio.get_running_loop().create_task(_cut_off(context, events, task, delivered))
+
+        events = self._hub.watch(after, session_id, visible, on_too_slow=too_slow)
+        async for item in events:
+            if isinstance(item, CaughtUp):
+                if delivered is None:
+                    delivered = item.cursor  # no cursor given: nothing before this one is owed
+                yield rewind_service_pb2.WatchRewindEventsResponse(
+                    caught_up=rewind_pb2.CaughtUp(cursor=item.cursor)
+                )
+                delivered = max(delivered, item.cursor)
+            else:
+                yield self._events.response(item)
+                delivered = item.cursor
 
     @unary
     async def UndoRewind(  # noqa: N802

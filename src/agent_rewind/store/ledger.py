@@ -246,7 +246,8 @@ class Ledger(Protocol):
         ...
 
     async def trim_events(self, keep: int | None, older_than: datetime | None) -> int:
-        """Drops events beyond the newest `keep`, and those older than `older_than`; how many."""
+        """Drops events beyond the newest `keep`, and those older than `older_than`, always a prefix
+        of the log (everything up to the newest old one); how many."""
         ...
 
 

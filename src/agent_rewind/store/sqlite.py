@@ -500,8 +500,10 @@ class SqliteLedger:
         def trim(db: sqlite3.Connection) -> int:
             dropped = 0
             if older_than is not None:
+                # Always a prefix of the log (a clock set back must not punch holes in it).
                 dropped += db.execute(
-                    "DELETE FROM events WHERE occur_time < ?", (older_than.isoformat(),)
+                    "DELETE FROM events WHERE cursor <= (SELECT MAX(cursor) FROM events WHERE occur_time < ?)",
+                    (older_than.isoformat(),),
                 ).rowcount
             if keep is not None:
                 dropped += db.execute(

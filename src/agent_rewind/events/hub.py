@@ -1,0 +1,216 @@
+"""Fan-out of the event log to watchers: replay from the log, then live, with no gap and no
+duplicate at the seam, whatever the order in which events are published.
+
+The ledger is the truth: every event is appended, with its gap-free cursor, in the transaction
+that records what it tells. The hub keeps the newest events in memory and wakes the watchers;
+each watcher delivers cursors in order from its own position: from the hub's memory when it
+holds them, from the ledger otherwise (a replay, a watcher that fell behind the memory, an event
+published by another replica). A watcher that falls too far behind is ended (SUBSCRIBER_TOO_SLOW,
+with the last cursor it was sent) by a monitor, so it never holds back a rewind or another
+watcher, and it holds nothing once gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from agent_rewind.errors import CursorExpired, InvalidArgument, ShuttingDown, SubscriberTooSlow
+from agent_rewind.store.ledger import EventRecord, Ledger
+
+log = structlog.get_logger(__name__)
+
+# How many recent events the hub keeps in memory for live delivery.
+_CACHE = 4096
+# How often the hub looks in the ledger for events nobody published here (another replica's, or
+# one whose publisher failed after its commit).
+_POLL = 1.0
+_BATCH = 500
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """The replay is complete; live events follow. `cursor`: the newest when the watch began."""
+
+    cursor: int
+
+
+Visible = Callable[[EventRecord], bool]
+
+
+class _Watcher:
+    def __init__(self, position: int, max_lag: int, on_too_slow: Callable[[], None] | None) -> None:
+        self.position = position  # the last cursor handed on (or skipped as not for this watcher)
+        self.watermark = position  # the newest cursor when the watch began (its replay's end)
+        self.max_lag = max_lag
+        self.on_too_slow = on_too_slow
+        self.wake = asyncio.Event()
+        self.too_slow = False
+
+    def behind(self, newest: int) -> int:
+        """Live events not yet handed on. A replay is not counted: its events come from the log
+        at the watcher's own pace and cost no memory; live events arriving meanwhile are."""
+        return newest - max(self.position, self.watermark)
+
+
+class EventHub:
+    def __init__(self, ledger: Ledger, *, max_lag: int = 1000) -> None:
+        self._ledger = ledger
+        self._max_lag = max_lag
+        self._cache: OrderedDict[int, EventRecord] = OrderedDict()
+        self._newest = 0  # the highest cursor such that every cursor up to it is known to exist
+        self._watchers: set[_Watcher] = set()
+        self._closed = False
+        self._chore: asyncio.Task[None] | None = None
+        self.sent = 0  # events delivered, over every watcher (for metrics)
+
+    async def start(self) -> None:
+        _, newest = await self._ledger.event_bounds()
+        self._newest = newest
+        self._chore = asyncio.create_task(self._watch_ledger(), name="event-hub")
+
+    @property
+    def watchers(self) -> int:
+        return len(self._watchers)
+
+    @property
+    def newest(self) -> int:
+        return self._newest
+
+    async def close(self) -> None:
+        """Ends every watch (SHUTTING_DOWN)."""
+        self._closed = True
+        for watcher in self._watchers:
+            watcher.wake.set()
+        if self._chore is not None:
+            self._chore.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._chore
+
+    def publish(self, event: EventRecord) -> None:
+        """An event just committed to the ledger (called by whoever appended it, in this process)."""
+        if event.cursor <= self._newest:
+            self._remember(event)
+            return
+        self._remember(event)
+        while self._newest + 1 in self._cache:
+            self._newest += 1
+        self._wake_all()
+
+    def _remember(self, event: EventRecord) -> None:
+        self._cache[event.cursor] = event
+        self._cache.move_to_end(event.cursor)
+        while len(self._cache) > _CACHE:
+            self._cache.popitem(last=False)
+
+    def _wake_all(self) -> None:
+        for watcher in list(self._watchers):
+            if not watcher.too_slow and watcher.behind(self._newest) > watcher.max_lag:
+                # It is not keeping up (its reader is slow or gone, and its transport is full):
+                # end it, so it resumes from the log, instead of anyone waiting on it.
+                watcher.too_slow = True
+                if watcher.on_too_slow is not None:
+                    watcher.on_too_slow()
+                    # Ended by its owner: the hub no longer holds it, whatever its owner waits on.
+                    self._watchers.discard(watcher)
+            watcher.wake.set()
+
+    async def _watch_ledger(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(_POLL)
+            try:
+                await self._catch_up()
+            except Exception as err:  # a failing read now is retried at the next round
+                log.warning("could not read the event log", error=str(err))
+
+    async def _catch_up(self) -> None:
+        """Learns of events appended without being published here."""
+        while True:
+            found = await self._ledger.events_after(self._newest, limit=_BATCH)
+            for event in found:
+                self.publish(event)
+            if len(found) < _BATCH:
+                return
+
+    async def notify(self) -> None:
+        """Something was appended elsewhere (another replica): read it now."""
+        await self._catch_up()
+
+    async def _events(self, after: int, until: int, session_id: str | None) -> list[EventRecord]:
+        """Events after `after` up to `until`, in order: from memory when it holds all of them."""
+        wanted = range(after + 1, until + 1)
+        if wanted and all(c in self._cache for c in wanted[:_BATCH]):
+            return [self._cache[c] for c in wanted[:_BATCH]]
+        found = await self._ledger.events_after(after, session_id, limit=_BATCH)
+        oldest, _ = await self._ledger.event_bounds()
+        if after + 1 < oldest:
+            # Retention dropped events this watcher had yet to see: it must resync, not skip them.
+            raise CursorExpired(after, oldest)
+        return [e for e in found if e.cursor <= until]
+
+    async def watch(
+        self,
+        after: int | None,
+        session_id: str | None,
+        visible: Visible,
+        *,
+        on_too_slow: Callable[[], None] | None = None,
+    ) -> AsyncGenerator[EventRecord | CaughtUp, None]:
+        """Events after `after` (None: only new ones), then CaughtUp, then live events.
+
+        Raises CursorExpired for an `after` older than the oldest retained event, InvalidArgument
+        for one beyond the newest, ShuttingDown when the hub closes. A watcher that falls more
+        than `max_lag` live events behind is ended: `on_too_slow` is called (once) to end it
+        even while it waits on its transport; without it, SubscriberTooSlow is raised here.
+        """
+        if self._closed:
+            raise ShuttingDown()
+        oldest, newest = await self._ledger.event_bounds()
+        newest = max(newest, self._newest)
+        if after is not None and after > newest:
+            raise InvalidArgument(
+                "after_cursor", f"{after} is beyond the newest event ({newest}): not a cursor of this deployment"
+            )
+        if after is not None and after > 0 and after + 1 < oldest:
+            raise CursorExpired(after, oldest)
+        if after is not None and after == 0 and oldest > 1:
+            after = oldest - 1  # 0: from the oldest retained event
+        # Registered before the replay reads anything: what is published meanwhile wakes it.
+        watcher = _Watcher(newest if after is None else after, self._max_lag, on_too_slow)
+        watcher.watermark = newest
+        self._watchers.add(watcher)
+        try:
+            async for item in self._deliver(watcher, newest, session_id, visible):
+                yield item
+            yield CaughtUp(newest)
+            while True:
+                await watcher.wake.wait()
+                watcher.wake.clear()
+                if self._closed:
+                    raise ShuttingDown()
+                if watcher.too_slow and on_too_slow is None:
+                    raise SubscriberTooSlow(watcher.position)
+                async for item in self._deliver(watcher, self._newest, session_id, visible):
+                    yield item
+        finally:
+            self._watchers.discard(watcher)
+
+    async def _deliver(
+        self, watcher: _Watcher, until: int, session_id: str | None, visible: Visible
+    ) -> AsyncIterator[EventRecord]:
+        while watcher.position < until:
+            batch = await self._events(watcher.position, until, session_id)
+            if not batch:
+                # Only events of other sessions (or trimmed ones) lie in between.
+                watcher.position = until
+                return
+            for event in batch:
+                watcher.position = event.cursor
+                if (session_id is None or event.session_id == session_id) and visible(event):
+                    self.sent += 1
+                    yield event
