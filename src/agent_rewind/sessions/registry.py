@@ -142,13 +142,14 @@ class SessionRegistry:
             raise InvalidArgument("cwd", "must not contain NUL characters")
         if len(cwd) > 4096:
             raise InvalidArgument("cwd", "must be at most 4096 characters")
-        if not cwd:
-            path = self._config.default_workspace_root / session_id
-        else:
-            given = Path(cwd).expanduser()
-            path = given if given.is_absolute() else self._config.default_workspace_root / given
         # resolve() follows symlinks and `..`, so neither can lead out of a root.
         try:
+            if not cwd:
+                path = self._config.default_workspace_root / session_id
+            else:
+                # `~user` of a user the server's host does not know cannot be expanded.
+                given = Path(cwd).expanduser()
+                path = given if given.is_absolute() else self._config.default_workspace_root / given
             resolved = path.resolve()
         except (OSError, RuntimeError) as err:
             raise InvalidArgument("cwd", f"cannot be resolved: {err}") from None

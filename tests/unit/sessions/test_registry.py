@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent_rewind.config import Config
-from agent_rewind.errors import WorkspaceInUse, WorkspaceOutsideRoot
+from agent_rewind.errors import InvalidArgument, WorkspaceInUse, WorkspaceOutsideRoot
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry
 from agent_rewind.sessions.worker import WorkerContext
 from agent_rewind.store.ledger import NewSession
@@ -46,4 +46,13 @@ async def test_workspaces_never_overlap_and_never_are_a_root(tmp_path: Path) -> 
     with pytest.raises(WorkspaceOutsideRoot):
         registry.resolve_workspace(str(tmp_path / "workspaces-evil"), "other")
     assert registry.resolve_workspace("proj/b", "other") == root / "proj" / "b"
+    await ledger.close()
+
+
+async def test_a_cwd_naming_a_home_the_host_does_not_have_is_invalid_argument(tmp_path: Path) -> None:
+    # Found by `make fuzz`: `~0` (the home of a user "0") made CreateSession fail with INTERNAL.
+    registry, ledger = await _registry(tmp_path)
+    with pytest.raises(InvalidArgument) as err:
+        registry.resolve_workspace("~no-such-user-here/x", "other")
+    assert err.value.field == "cwd"
     await ledger.close()
