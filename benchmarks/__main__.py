@@ -12,11 +12,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import memory, points, rewind
+from benchmarks import events, memory, points, rewind
 from benchmarks.common import Report, machine
 from benchmarks.docs import DOC, update_results
 
-BENCHMARKS = ("points", "rewind", "memory")
+BENCHMARKS = ("points", "rewind", "memory", "events")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         "points": lambda: points.run(work / "points", args.small, args.large, quick=args.quick),
         "rewind": lambda: rewind.run(work / "rewind", rounds=3 if args.quick else args.rounds),
         "memory": lambda: memory.run(work / "memory", rewinds=1 if args.quick else args.rewinds),
+        "events": lambda: events.run(
+            work / "events", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 10
+        ),
     }
     reports: list[Report] = []
     started = time.monotonic()

@@ -174,6 +174,8 @@ def fmt_time(seconds: float) -> str:
     """A duration with a unit that keeps three significant digits readable."""
     if math.isnan(seconds):
         return "-"
+    if seconds < 0:
+        return "-" + fmt_time(-seconds)
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     if seconds < 1.0:

@@ -205,7 +205,12 @@ async def test_a_watcher_resumes_with_its_cursor_and_misses_nothing(
         await everything.through(4)
         assert everything.cursors == [1, 2, 3, 4]
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            [r async for r in c.rewinds.WatchRewindEvents(rewind_service_pb2.WatchRewindEventsRequest(after_cursor=99), timeout=20)]
+            [
+                r
+                async for r in c.rewinds.WatchRewindEvents(
+                    rewind_service_pb2.WatchRewindEventsRequest(after_cursor=99), timeout=20
+                )
+            ]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(err.value).reason == "INVALID_ARGUMENT"
 
@@ -305,7 +310,9 @@ async def test_a_watcher_that_never_reads_is_cut_off_and_delays_nobody(
             await slow_channel.close()
 
 
-async def test_an_expired_cursor_is_refused_with_the_oldest_kept(tmp_path: Path, watches: list[Watch]) -> None:
+async def test_an_expired_cursor_is_refused_with_the_oldest_kept(
+    tmp_path: Path, watches: list[Watch]
+) -> None:
     async with serve(tmp_path) as c:
         sid, ids = await _session(c)
         for i in range(5):

@@ -333,12 +333,12 @@ async def test_capabilities_describe_this_deployment(tmp_path: Path) -> None:
         caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
         assert list(caps.modes) == [FILES, CONVERSATION, BOTH]
         assert caps.file_checkpoint_window == 100
-        assert caps.dry_run and not caps.events
+        assert caps.dry_run and caps.events
         assert caps.model_backend == "offline", "the scripted model says so"
         assert caps.sdk_version == "0.2.184" and caps.cli_version
+        # What is not served yet says so, with the reason clients feature-detect on.
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in c.rewinds.WatchRewindEvents(rewind_service_pb2.WatchRewindEventsRequest()):
-                pass
+            await c.rewinds.UndoRewind(rewind_service_pb2.UndoRewindRequest(session_id=str(uuid.uuid4())))
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert error_info(err.value).reason == "UNIMPLEMENTED"
 

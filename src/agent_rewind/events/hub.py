@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -31,6 +31,8 @@ _CACHE = 4096
 # one whose publisher failed after its commit).
 _POLL = 1.0
 _BATCH = 500
+# How long after a publish the watchers are woken (a burst of publishes wakes them once).
+_WAKE_DELAY = 0.002
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class EventHub:
         self._closed = False
         self._chore: asyncio.Task[None] | None = None
         self.sent = 0  # events delivered, over every watcher (for metrics)
+        self._wake_scheduled = False
 
     async def start(self) -> None:
         _, newest = await self._ledger.event_bounds()
@@ -100,7 +103,11 @@ class EventHub:
         self._remember(event)
         while self._newest + 1 in self._cache:
             self._newest += 1
-        self._wake_all()
+        if not self._wake_scheduled:
+            # Not at once: whoever published (a Rewind) answers its caller first, and the
+            # watchers follow a moment later, however many there are.
+            self._wake_scheduled = True
+            asyncio.get_running_loop().call_later(_WAKE_DELAY, self._wake_all)
 
     def _remember(self, event: EventRecord) -> None:
         self._cache[event.cursor] = event
@@ -109,6 +116,7 @@ class EventHub:
             self._cache.popitem(last=False)
 
     def _wake_all(self) -> None:
+        self._wake_scheduled = False
         for watcher in list(self._watchers):
             if not watcher.too_slow and watcher.behind(self._newest) > watcher.max_lag:
                 # It is not keeping up (its reader is slow or gone, and its transport is full):
@@ -174,7 +182,8 @@ class EventHub:
         newest = max(newest, self._newest)
         if after is not None and after > newest:
             raise InvalidArgument(
-                "after_cursor", f"{after} is beyond the newest event ({newest}): not a cursor of this deployment"
+                "after_cursor",
+                f"{after} is beyond the newest event ({newest}): not a cursor of this deployment",
             )
         if after is not None and after > 0 and after + 1 < oldest:
             raise CursorExpired(after, oldest)
@@ -185,32 +194,29 @@ class EventHub:
         watcher.watermark = newest
         self._watchers.add(watcher)
         try:
-            async for item in self._deliver(watcher, newest, session_id, visible):
-                yield item
-            yield CaughtUp(newest)
+            until = newest  # first the replay, up to the newest cursor when the watch began
+            replayed = False
             while True:
+                while watcher.position < until:
+                    batch = await self._events(watcher.position, until, session_id)
+                    if not batch:
+                        # Only events of other sessions (or trimmed ones) lie in between.
+                        watcher.position = until
+                        break
+                    for event in batch:
+                        watcher.position = event.cursor
+                        if (session_id is None or event.session_id == session_id) and visible(event):
+                            self.sent += 1
+                            yield event
+                if not replayed:
+                    replayed = True
+                    yield CaughtUp(newest)
                 await watcher.wake.wait()
                 watcher.wake.clear()
                 if self._closed:
                     raise ShuttingDown()
                 if watcher.too_slow and on_too_slow is None:
                     raise SubscriberTooSlow(watcher.position)
-                async for item in self._deliver(watcher, self._newest, session_id, visible):
-                    yield item
+                until = self._newest
         finally:
             self._watchers.discard(watcher)
-
-    async def _deliver(
-        self, watcher: _Watcher, until: int, session_id: str | None, visible: Visible
-    ) -> AsyncIterator[EventRecord]:
-        while watcher.position < until:
-            batch = await self._events(watcher.position, until, session_id)
-            if not batch:
-                # Only events of other sessions (or trimmed ones) lie in between.
-                watcher.position = until
-                return
-            for event in batch:
-                watcher.position = event.cursor
-                if (session_id is None or event.session_id == session_id) and visible(event):
-                    self.sent += 1
-                    yield event

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -38,7 +39,9 @@ async def _error_boundary(context: grpc.aio.ServicerContext) -> AsyncIterator[No
     try:
         yield
     except AgentRewindError as err:
-        log.info("rpc refused", reason=err.reason, error=err.message)
+        # A stop ends every watch at once: one line for each would drown the log.
+        level = logging.DEBUG if err.reason == "SHUTTING_DOWN" else logging.INFO
+        log.log(level, "rpc refused", reason=err.reason, error=err.message)
         await abort(context, err)
     except grpc.aio.AbortError:
         raise
