@@ -141,6 +141,42 @@ async def test_a_foreign_principal_sees_nothing_of_a_session_and_admin_sees_it(t
         assert (await admin.rewind(sid, point, FILES)).files.can_rewind
 
 
+async def _events(c: Client, **request: Any) -> tuple[list[Any], int]:
+    """A watch's replay (events, then the caught_up cursor)."""
+    events = []
+    call = c.rewinds.WatchRewindEvents(rewind_service_pb2.WatchRewindEventsRequest(**request), timeout=20)
+    async for response in call:
+        if response.HasField("caught_up"):
+            call.cancel()
+            return events, response.caught_up.cursor
+        events.append(response.event)
+    raise AssertionError("the watch ended before caught_up")
+
+
+async def test_a_watcher_sees_the_events_of_its_own_sessions_and_admin_sees_all(tmp_path: Path) -> None:
+    async with _server(tmp_path) as c:
+        alice, bob, admin = (_as(c, TOKENS[n]) for n in ("alice", "bob", "admin"))
+        mine = (await alice.create()).session_id
+        point = prompt_id(await alice.prompt(mine, "write a.txt one"))
+        theirs = (await bob.create()).session_id
+        their_point = prompt_id(await bob.prompt(theirs, "write b.txt two"))
+        await alice.rewind(mine, point, FILES)
+        await bob.rewind(theirs, their_point, FILES)
+        # An admin rewinding alice's session: the event is alice's to see, and names the admin.
+        await admin.rewind(mine, point, FILES)
+        seen, newest = await _events(alice, after_cursor=0)
+        assert newest == 3, "caught_up names the deployment's newest cursor, whatever is visible"
+        assert [(e.cursor, e.session_id) for e in seen] == [(1, mine), (3, mine)]
+        assert [e.principal for e in seen] == ["alice", "admin"]
+        seen, _ = await _events(bob, after_cursor=0)
+        assert [(e.cursor, e.session_id) for e in seen] == [(2, theirs)]
+        seen, _ = await _events(admin, after_cursor=0)
+        assert [e.cursor for e in seen] == [1, 2, 3]
+        # Watching a foreign session is watching no session.
+        err = await _refused(_events(bob, session_id=mine, after_cursor=0))
+        assert (err.code(), error_info(err).reason) == (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+
+
 @pytest.mark.parametrize("method", sorted(m for m, p in METHOD_PERMISSIONS.items() if p is not None))
 async def test_every_rpc_needs_its_permission(tmp_path: Path, method: str) -> None:
     needed = METHOD_PERMISSIONS[method]
