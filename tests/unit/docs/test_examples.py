@@ -1,0 +1,19 @@
+"""What the docs quote from runnable examples is what the examples say (the examples themselves
+run in integration tests)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _blocks(doc: Path, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", doc.read_text(), flags=re.DOTALL)
+
+
+def test_the_python_consumer_in_events_md_is_the_tested_example() -> None:
+    quoted = [b for b in _blocks(ROOT / "docs" / "events.md", "python") if "def follow" in b]
+    assert len(quoted) == 1
+    assert quoted[0] in (ROOT / "docs" / "examples" / "watch_events.py").read_text()
