@@ -21,14 +21,14 @@ test: $(STAMP)  ## unit and integration tests, against the real Claude Code CLI
 	$(PY) -m pytest $(ARGS)
 
 lint: $(STAMP)  ## ruff, mypy --strict, proto lint
-	$(VENV)/bin/ruff check src tests scripts benchmarks
-	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/ruff check src tests scripts benchmarks docs/examples
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks docs/examples
 	$(VENV)/bin/mypy
 	$(PY) scripts/lint_protos.py
 
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format src tests scripts benchmarks
-	$(VENV)/bin/ruff check --fix src tests scripts benchmarks
+	$(VENV)/bin/ruff format src tests scripts benchmarks docs/examples
+	$(VENV)/bin/ruff check --fix src tests scripts benchmarks docs/examples
 
 proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 from protos/
 	$(PY) scripts/gen_protos.py

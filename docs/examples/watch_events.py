@@ -33,7 +33,7 @@ def resync() -> None:
 
 
 def error_reason(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     for detail in status.details if status else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
