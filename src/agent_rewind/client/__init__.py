@@ -5,7 +5,15 @@ command line finds them (`resolve_credentials`), parsing of command-line values,
 the API's messages, and rendering of failed RPCs.
 """
 
-from ._connection import DEFAULT_SERVER, SERVER_ENV, Client, PromptStream, is_loopback, resolve_server
+from ._connection import (
+    DEFAULT_SERVER,
+    SERVER_ENV,
+    Client,
+    PromptStream,
+    WatchStream,
+    is_loopback,
+    resolve_server,
+)
 from ._credentials import (
     TLS_CA_ENV,
     TLS_CERT_ENV,
@@ -19,9 +27,12 @@ from ._credentials import (
 )
 from ._errors import code_name, error_info, is_unreachable, render_rpc_error, render_status, status_from_error
 from ._formatting import (
+    event_kind_name,
     format_capabilities,
+    format_caught_up,
     format_duration,
     format_points,
+    format_rewind_event,
     format_rewind_result,
     format_session,
     format_sessions,
@@ -29,6 +40,7 @@ from ._formatting import (
     format_time,
     format_turn_event,
     format_turn_result,
+    format_watch_response,
     one_line,
     state_name,
     summarize_input,
@@ -52,14 +64,18 @@ __all__ = [
     "Tls",
     "TurnOutcome",
     "UsageError",
+    "WatchStream",
     "build_options",
     "check_token",
     "code_name",
     "error_info",
+    "event_kind_name",
     "follow_turn",
     "format_capabilities",
+    "format_caught_up",
     "format_duration",
     "format_points",
+    "format_rewind_event",
     "format_rewind_result",
     "format_session",
     "format_sessions",
@@ -67,6 +83,7 @@ __all__ = [
     "format_time",
     "format_turn_event",
     "format_turn_result",
+    "format_watch_response",
     "is_loopback",
     "is_unreachable",
     "mode_name",

@@ -218,6 +218,16 @@ class Client:
         result: rewind_pb2.RewindResult = method(request)
         return result
 
+    def watch_events(self, session_id: str = "", *, after_cursor: int | None = None) -> WatchStream:
+        """Opens a WatchRewindEvents stream: the events of `session_id` (empty: every session the
+        caller may see). `after_cursor` None: only new events (caught_up comes at once); 0: replay from
+        the oldest retained event; N: replay the events after cursor N. Then one caught_up, then live
+        events, until the stream fails (the iteration raises grpc.RpcError) or `cancel()` is called."""
+        request = rewind_service_pb2.WatchRewindEventsRequest(session_id=session_id)
+        if after_cursor is not None:
+            request.after_cursor = after_cursor
+        return WatchStream(self._rewinds.WatchRewindEvents(request))
+
 
 class PromptStream:
     """The TurnEvents of one Prompt call, in the order the server sends them."""
@@ -228,6 +238,21 @@ class PromptStream:
     def __iter__(self) -> Iterator[session_pb2.TurnEvent]:
         for event in self._call:
             typed: session_pb2.TurnEvent = event
+            yield typed
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class WatchStream:
+    """The responses of one WatchRewindEvents call, each an event or the one caught_up, as they arrive."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[rewind_service_pb2.WatchRewindEventsResponse]:
+        for response in self._call:
+            typed: rewind_service_pb2.WatchRewindEventsResponse = response
             yield typed
 
     def cancel(self) -> None:

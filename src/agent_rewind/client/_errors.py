@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -45,6 +46,44 @@ _AUTH_HINTS = {
     code_pb2.UNAUTHENTICATED: "the service admits a token (--token-file FILE or $AGENT_REWIND_TOKEN) "
     "or a client certificate (--tls-cert/--tls-key) that its access file lists",
     code_pb2.PERMISSION_DENIED: "ask the service's operator to grant it in the access file",
+}
+
+
+def _cursor(metadata: Mapping[str, str], key: str) -> int | None:
+    try:
+        value = int(metadata[key])
+    except (KeyError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def _cursor_expired_hint(metadata: Mapping[str, str], resume_after: int | None) -> str:
+    oldest = _cursor(metadata, "oldest_cursor")
+    gone = f"the events before cursor {oldest} are" if oldest else "events after that cursor are"
+    resume = (
+        f"--after {oldest - 1} (or --after 0: from the oldest event kept)"
+        if oldest and oldest > 1
+        else "--after 0 (from the oldest event kept)"
+    )
+    return (
+        f"{gone} no longer kept and changes may have been missed: resync what you mirror "
+        f"(`agent-rewind points SESSION`), then watch again with {resume}"
+    )
+
+
+def _too_slow_hint(metadata: Mapping[str, str], resume_after: int | None) -> str:
+    last = _cursor(metadata, "last_cursor")
+    if last is None:
+        last = resume_after
+    if last is None:
+        return "read the events faster, and watch again with --after the last cursor received"
+    return f"resume with --after {last} (the last cursor sent): the events after it are replayed"
+
+
+# Reasons whose error says what to do next: (ErrorInfo metadata, the last cursor a watch printed) -> hint.
+_REASON_HINTS: dict[str, Callable[[Mapping[str, str], int | None], str]] = {
+    "CURSOR_EXPIRED": _cursor_expired_hint,
+    "SUBSCRIBER_TOO_SLOW": _too_slow_hint,
 }
 
 
@@ -125,12 +164,32 @@ def _unreachable_hint(message: str, tls: bool) -> str:
     return _UNREACHABLE_HINT
 
 
-def render_status(status: status_pb2.Status, *, server: str | None = None, tls: bool = False) -> list[str]:
+def render_status(
+    status: status_pb2.Status,
+    *,
+    server: str | None = None,
+    tls: bool = False,
+    resume_after: int | None = None,
+) -> list[str]:
     """`error: <STATUS> <REASON>: <message>`, then metadata and field violations, one per line.
 
     A server that cannot be reached, and a call refused as UNAUTHENTICATED or PERMISSION_DENIED, are
     one line with a hint. `tls` says whether the call went over TLS (for the hint to a failed handshake).
+    A watch that ended with CURSOR_EXPIRED or SUBSCRIBER_TOO_SLOW gets a last `hint:` line saying how
+    to go on; `resume_after`, the last cursor a watch printed, gives any other failure of it the line
+    `hint: resume with --after N`.
     """
+    lines = _render(status, server=server, tls=tls)
+    info = error_info(status)
+    reason_hint = _REASON_HINTS.get(info.reason) if info is not None else None
+    if reason_hint is not None and info is not None:
+        lines.append(f"hint: {reason_hint(info.metadata, resume_after)}")
+    elif resume_after is not None:
+        lines.append(f"hint: resume with --after {resume_after} (the last cursor printed)")
+    return lines
+
+
+def _render(status: status_pb2.Status, *, server: str | None, tls: bool) -> list[str]:
     name = code_name(status.code)
     if is_unreachable(status):
         where = f" at {server}" if server else ""
@@ -158,6 +217,8 @@ def render_status(status: status_pb2.Status, *, server: str | None = None, tls: 
     return lines
 
 
-def render_rpc_error(error: Any, *, server: str | None = None, tls: bool = False) -> list[str]:
+def render_rpc_error(
+    error: Any, *, server: str | None = None, tls: bool = False, resume_after: int | None = None
+) -> list[str]:
     """The lines `render_status` gives for a raised grpc.RpcError."""
-    return render_status(status_from_error(error), server=server, tls=tls)
+    return render_status(status_from_error(error), server=server, tls=tls, resume_after=resume_after)

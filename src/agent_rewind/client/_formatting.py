@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from agent_rewind.api.v1 import rewind_pb2, session_pb2
+from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2
 
 from ._parsing import mode_name
 
@@ -293,6 +293,54 @@ def format_rewind_result(
     lines.append(f"{'rewind_id':<17}{rewind_id}")
     lines.append(f"{'last_message_id':<17}{result.last_message_id or '-'}")
     return "\n".join(lines)
+
+
+# --- rewind events -------------------------------------------------------------------------------
+
+
+def event_kind_name(kind: rewind_pb2.RewindEventKind.ValueType) -> str:
+    """`REWIND_EVENT_KIND_REWOUND` -> `REWOUND`."""
+    try:
+        name = rewind_pb2.RewindEventKind.Name(kind)
+    except ValueError:
+        return f"KIND_{int(kind)}"
+    return name.removeprefix("REWIND_EVENT_KIND_")
+
+
+def format_rewind_event(event: rewind_pb2.RewindEvent) -> str:
+    """One line: cursor, time, kind, session, rewind id, mode, target message, files changed,
+    messages dropped and who made the change; `-` for what the event does not carry."""
+    changed = len(event.files.files_changed)
+    noun = "file" if changed == 1 else "files"
+    return " · ".join(
+        [
+            f"cursor {event.cursor}",
+            format_time(event.occur_time),
+            event_kind_name(event.kind),
+            f"session {event.session_id or '-'}",
+            f"rewind {event.rewind_id or '-'}",
+            # A deleted session's event has no mode (mode_name would call it files).
+            f"mode {mode_name(event.mode) if event.mode else '-'}",
+            f"message {event.message_id or '-'}",
+            f"{changed} {noun} changed (+{event.files.insertions} -{event.files.deletions})",
+            f"messages dropped: {event.messages_dropped}",
+            f"by {event.principal or '-'}",
+        ]
+    )
+
+
+def format_caught_up(caught_up: rewind_pb2.CaughtUp) -> str:
+    return f"caught up at cursor {caught_up.cursor}; following live events"
+
+
+def format_watch_response(response: rewind_service_pb2.WatchRewindEventsResponse) -> str:
+    """The line one WatchRewindEvents response prints as (an event, or the caught_up mark)."""
+    kind = response.WhichOneof("response")
+    if kind == "event":
+        return format_rewind_event(response.event)
+    if kind == "caught_up":
+        return format_caught_up(response.caught_up)
+    return "(a response this client does not know)"
 
 
 def format_capabilities(caps: rewind_pb2.Capabilities) -> str:

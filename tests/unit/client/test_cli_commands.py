@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -21,7 +23,8 @@ from agent_rewind.api.v1 import (
     session_service_pb2,
     session_service_pb2_grpc,
 )
-from agent_rewind.cli import main
+from agent_rewind.cli import EXIT_INTERRUPTED, main
+from agent_rewind.client import Client
 
 SID = "11111111-2222-3333-4444-555555555555"
 
@@ -99,9 +102,15 @@ class Sessions(session_service_pb2_grpc.SessionServiceServicer):
         return session_pb2.Session(session_id=request.session_id, state=session_pb2.SESSION_STATE_CLOSED)
 
 
+# What the fake WatchRewindEvents sends, in order: a response, or a call that aborts the stream.
+WatchStep = rewind_service_pb2.WatchRewindEventsResponse | Callable[[Any], None]
+
+
 class Rewinds(rewind_service_pb2_grpc.RewindServiceServicer):
     def __init__(self) -> None:
         self.requests: list[Any] = []
+        # The fake watch sends these, then ends the stream.
+        self.watch_script: list[WatchStep] = []
 
     def GetCapabilities(self, request: Any, context: Any) -> rewind_pb2.Capabilities:  # noqa: N802
         return rewind_pb2.Capabilities(modes=[rewind_pb2.REWIND_MODE_BOTH], dry_run=True)
@@ -130,9 +139,15 @@ class Rewinds(rewind_service_pb2_grpc.RewindServiceServicer):
         )
         raise AssertionError("unreachable")
 
-    def WatchRewindEvents(self, request: Any, context: Any) -> Iterator[rewind_pb2.RewindEvent]:  # noqa: N802
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this fake")
-        yield rewind_pb2.RewindEvent()
+    def WatchRewindEvents(  # noqa: N802
+        self, request: Any, context: Any
+    ) -> Iterator[rewind_service_pb2.WatchRewindEventsResponse]:
+        self.requests.append(("WatchRewindEvents", request))
+        for step in self.watch_script:
+            if isinstance(step, rewind_service_pb2.WatchRewindEventsResponse):
+                yield step
+            else:
+                step(context)
 
 
 @pytest.fixture
@@ -356,3 +371,276 @@ def test_unreachable_server_exits_1_with_a_hint(capsys: pytest.CaptureFixture[st
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: cannot reach agent-rewind at 127.0.0.1:1 (")
     assert line.endswith("is the server running (`make run` in another terminal)?")
+
+
+# --- watch ----------------------------------------------------------------------------------------
+
+TS = timestamp_pb2.Timestamp(seconds=1764457865)  # 2025-11-29T23:11:05Z
+
+
+def event(cursor: int, **fields: Any) -> rewind_service_pb2.WatchRewindEventsResponse:
+    values: dict[str, Any] = {
+        "cursor": cursor,
+        "kind": rewind_pb2.REWIND_EVENT_KIND_REWOUND,
+        "session_id": SID,
+        "rewind_id": f"r-{cursor}",
+        "message_id": f"m-{cursor}",
+        "mode": rewind_pb2.REWIND_MODE_BOTH,
+        "files": rewind_pb2.FilesRewindResult(
+            can_rewind=True, requested=True, files_changed=["/w/a.txt"], insertions=1, deletions=2
+        ),
+        "messages_dropped": 4,
+        "principal": "alice",
+        "occur_time": TS,
+        "conversation_changed": True,
+    }
+    values.update(fields)
+    return rewind_service_pb2.WatchRewindEventsResponse(event=rewind_pb2.RewindEvent(**values))
+
+
+def caught_up(cursor: int) -> rewind_service_pb2.WatchRewindEventsResponse:
+    return rewind_service_pb2.WatchRewindEventsResponse(caught_up=rewind_pb2.CaughtUp(cursor=cursor))
+
+
+def fails(code: int, message: str, reason: str, metadata: dict[str, str]) -> Callable[[Any], None]:
+    return lambda context: abort(context, code, message, reason, metadata)
+
+
+def event_line(cursor: int) -> str:
+    return (
+        f"cursor {cursor} · 2025-11-29T23:11:05Z · REWOUND · session {SID} · rewind r-{cursor} · mode both"
+        f" · message m-{cursor} · 1 file changed (+1 -2) · messages dropped: 4 · by alice"
+    )
+
+
+def watch_request(rewinds: Rewinds) -> Any:
+    ((method, request),) = rewinds.requests
+    assert method == "WatchRewindEvents"
+    return request
+
+
+def test_watch_after_0_prints_the_replay_the_caught_up_line_and_live_events(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [event(1), event(2), caught_up(2), event(3)]
+    assert main(["--server", address, "watch", "--after", "0"]) == 0
+    request = watch_request(rewinds)
+    assert request.session_id == ""
+    assert request.HasField("after_cursor") and request.after_cursor == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        event_line(1),
+        event_line(2),
+        "caught up at cursor 2; following live events",
+        event_line(3),
+    ]
+    # The server ended the stream without an error: say where to resume.
+    assert captured.err.splitlines() == ["the server ended the watch; resume with --after 3"]
+
+
+def test_watch_without_after_asks_for_new_events_only_of_the_session_given(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [caught_up(7)]
+    assert main(["--server", address, "watch", SID]) == 0
+    request = watch_request(rewinds)
+    assert request.session_id == SID and not request.HasField("after_cursor")
+    assert capsys.readouterr().out == "caught up at cursor 7; following live events\n"
+
+
+def test_watch_after_n_sends_the_cursor(server: tuple[str, Sessions, Rewinds]) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [caught_up(12)]
+    assert main(["--server", address, "watch", "--after", "12", SID]) == 0
+    assert watch_request(rewinds).after_cursor == 12
+
+
+def test_watch_json_prints_one_api_message_per_line(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    deleted = event(
+        2,
+        kind=rewind_pb2.REWIND_EVENT_KIND_SESSION_DELETED,
+        rewind_id="",
+        message_id="",
+        mode=rewind_pb2.REWIND_MODE_UNSPECIFIED,
+        files=None,
+        messages_dropped=0,
+        conversation_changed=False,
+    )
+    rewinds.watch_script = [event(1), caught_up(1), deleted]
+    assert main(["--server", address, "--json", "watch", "--after", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    first, mark, last = (json.loads(line) for line in lines)
+    # Proto field names, every field shown, uint64 as a string: as `to_json` prints messages.
+    assert first["event"]["cursor"] == "1"
+    assert first["event"]["rewind_id"] == "r-1"
+    assert first["event"]["kind"] == "REWIND_EVENT_KIND_REWOUND"
+    assert first["event"]["files"]["files_changed"] == ["/w/a.txt"]
+    assert first["event"]["occur_time"] == "2025-11-29T23:11:05Z"
+    assert mark == {"caught_up": {"cursor": "1"}}
+    assert last["event"]["kind"] == "REWIND_EVENT_KIND_SESSION_DELETED"
+    assert last["event"]["rewind_id"] == "" and last["event"]["messages_dropped"] == 0
+
+
+def test_watch_cursor_expired_exits_1_saying_how_to_resync(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [
+        fails(
+            code_pb2.OUT_OF_RANGE,
+            "after_cursor 1 is older than the oldest retained event (5)",
+            "CURSOR_EXPIRED",
+            {"oldest_cursor": "5"},
+        )
+    ]
+    assert main(["--server", address, "watch", "--after", "1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "error: OUT_OF_RANGE CURSOR_EXPIRED: after_cursor 1 is older than the oldest retained event (5)",
+        "  oldest_cursor: 5",
+        "hint: the events before cursor 5 are no longer kept and changes may have been missed: resync"
+        " what you mirror (`agent-rewind points SESSION`), then watch again with --after 4 (or --after 0:"
+        " from the oldest event kept)",
+    ]
+
+
+def test_watch_too_slow_keeps_what_was_printed_and_says_where_to_resume(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [
+        caught_up(0),
+        event(1),
+        event(2),
+        fails(
+            code_pb2.RESOURCE_EXHAUSTED,
+            "the watcher fell too far behind; watch again with after_cursor=2",
+            "SUBSCRIBER_TOO_SLOW",
+            {"last_cursor": "2"},
+        ),
+    ]
+    assert main(["--server", address, "watch"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "caught up at cursor 0; following live events",
+        event_line(1),
+        event_line(2),
+    ]
+    assert captured.err.splitlines() == [
+        "error: RESOURCE_EXHAUSTED SUBSCRIBER_TOO_SLOW: the watcher fell too far behind; watch again "
+        "with after_cursor=2",
+        "  last_cursor: 2",
+        "hint: resume with --after 2 (the last cursor sent): the events after it are replayed",
+    ]
+
+
+def test_watch_ended_by_a_stopping_server_says_the_last_cursor_printed(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [
+        event(4),
+        caught_up(9),
+        fails(code_pb2.UNAVAILABLE, "the server is shutting down", "SHUTTING_DOWN", {}),
+    ]
+    assert main(["--server", address, "watch", "--after", "3"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [event_line(4), "caught up at cursor 9; following live events"]
+    # Events of other sessions (or none) may lie between the last event and caught_up's cursor.
+    assert captured.err.splitlines() == [
+        "error: UNAVAILABLE SHUTTING_DOWN: the server is shutting down",
+        "hint: resume with --after 9 (the last cursor printed)",
+    ]
+
+
+def test_watch_of_an_unknown_session_exits_1_without_a_resume_hint(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    rewinds.watch_script = [
+        fails(code_pb2.NOT_FOUND, "session 'nope' not found", "SESSION_NOT_FOUND", {"session_id": "nope"})
+    ]
+    assert main(["--server", address, "watch", "nope", "--after", "0"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: NOT_FOUND SESSION_NOT_FOUND: session 'nope' not found",
+        "  session_id: nope",
+    ]
+
+
+@pytest.mark.parametrize("cursor", ["-1", "x", "1.5"])
+def test_watch_refuses_a_cursor_that_is_not_a_whole_number_of_0_or_more(
+    cursor: str, server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server", address, "watch", f"--after={cursor}"])
+    assert exit_info.value.code == 2
+    assert "argument --after:" in capsys.readouterr().err
+    assert rewinds.requests == []
+
+
+class ScriptedWatch:
+    """A WatchStream that yields its responses, then raises KeyboardInterrupt (a Ctrl-C while the
+    command waits for the next event). Each response is pulled only once what came before is flushed."""
+
+    def __init__(self, out: FlushRecorder, *responses: rewind_service_pb2.WatchRewindEventsResponse) -> None:
+        self.out = out
+        self.responses = responses
+        self.cancelled = False
+
+    def __iter__(self) -> Iterator[rewind_service_pb2.WatchRewindEventsResponse]:
+        for response in self.responses:
+            assert self.out.pending == "", "a line was left in the buffer while waiting for the next event"
+            yield response
+        assert self.out.pending == ""
+        raise KeyboardInterrupt
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FlushRecorder(io.StringIO):
+    """stdout that tells what was written but not yet flushed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        return super().write(text)
+
+    def flush(self) -> None:
+        self.pending = ""
+        super().flush()
+
+
+def test_watch_flushes_every_line_and_ctrl_c_exits_130_saying_where_to_resume(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = FlushRecorder()
+    stream = ScriptedWatch(out, event(1), caught_up(1), event(2))
+    calls: list[tuple[str, int | None]] = []
+
+    def watch_events(self: Client, session_id: str = "", *, after_cursor: int | None = None) -> ScriptedWatch:
+        calls.append((session_id, after_cursor))
+        return stream
+
+    monkeypatch.setattr(Client, "watch_events", watch_events)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["--server", "127.0.0.1:1", "watch", SID, "--after", "0"]) == EXIT_INTERRUPTED
+    assert calls == [(SID, 0)]
+    assert stream.cancelled
+    assert out.getvalue().splitlines() == [
+        event_line(1),
+        "caught up at cursor 1; following live events",
+        event_line(2),
+    ]
+    assert capsys.readouterr().err.splitlines() == ["stopped watching; resume with --after 2"]
