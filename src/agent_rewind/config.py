@@ -54,6 +54,8 @@ class Config:
     # Per-principal limits (QUOTA_EXCEEDED beyond them).
     max_sessions_per_principal: int = 10_000
     max_running_turns_per_principal: int = 16
+    # Live CLI processes at most (about 220 MB each); 0: as many as the memory holds.
+    max_live_sessions: int = 0
     # The event log keeps events this many seconds and at most this many of them (0: no bound).
     event_retention: float = 30 * 24 * 3600.0
     event_retention_count: int = 1_000_000
@@ -367,6 +369,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "max_running_turns_per_principal",
         "turns of one principal's sessions that may run at once",
         convert=positive_int,
+        metavar="N",
+    ),
+    Flag(
+        "--max-live-sessions",
+        "max_live_sessions",
+        "live Claude Code processes at most (about 220 MB each); beyond, the least recently used idle "
+        "session hibernates; 0 sizes it from the memory limit",
+        convert=count,
         metavar="N",
     ),
     Flag(

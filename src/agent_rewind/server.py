@@ -30,6 +30,7 @@ from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
 from agent_rewind.rpc.session_service import SessionServicer
 from agent_rewind.sessions.adapter import AgentClient, ClientSpec, SdkAgentClient
+from agent_rewind.sessions.live import LiveSlots, default_max_live
 from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
@@ -253,6 +254,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     hub = EventHub(ledger, max_lag=config.watcher_buffer)
     await hub.start()
     engine = RewindEngine(ledger, publish=hub.publish)
+    live = LiveSlots(config.max_live_sessions or default_max_live())
+    log.info("live process bound", max_live_sessions=live.capacity)
     ctx = WorkerContext(
         ledger=ledger,
         client_factory=client_factory or default_factory(config),
@@ -262,6 +265,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         interrupt_timeout=config.interrupt_timeout,
         resolve_pending=engine.resolve_pending,
         project_settings=config.trust_project_settings,
+        live=live,
     )
     registry = SessionRegistry(config, ledger, ctx)
     await registry.load()
@@ -274,7 +278,11 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     )
     tokens = PageTokens(await ledger.secret("page_tokens"))
     registration.add(server, SESSION_SERVICE, SessionServicer(registry, engine, tokens, authenticator))
-    registration.add(server, REWIND_SERVICE, RewindServicer(registry, engine, tokens, authenticator, backend, hub))
+    registration.add(
+        server,
+        REWIND_SERVICE,
+        RewindServicer(registry, engine, tokens, authenticator, backend, hub, live.capacity),
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -292,7 +300,9 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     await server.start()
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    running = RunningServer(server, port, registry, ledger, health_servicer, model, config, engine, backend, hub)
+    running = RunningServer(
+        server, port, registry, ledger, health_servicer, model, config, engine, backend, hub
+    )
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))

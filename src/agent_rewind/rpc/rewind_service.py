@@ -70,10 +70,12 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         auth: Authenticator,
         backend: str,
         hub: EventHub,
+        max_live_sessions: int = 0,
     ) -> None:
         self._registry = registry
         self._engine = engine
         self._hub = hub
+        self._max_live_sessions = max_live_sessions
         self._events = _EventMessages()
         self._tokens = tokens
         self.auth = auth
@@ -94,6 +96,8 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             replicas=1,
             model_backend=self._backend,
             authentication=self.auth.enabled,
+            max_live_sessions=self._max_live_sessions,
+            workspace_snapshots=False,
         )
 
     @unary

@@ -1,7 +1,8 @@
 """The live Claude Code process of one session: started or resumed, let go, killed.
 
 A session has at most one process at a time, and two processes never write one transcript at
-once: a new one starts only after the one let go before it has exited.
+once: a new one starts only after the one let go before it has exited. Each process holds a slot
+of the live-process bound (`live.LiveSlots`) from before it starts until it has exited.
 """
 
 from __future__ import annotations
@@ -13,19 +14,32 @@ from typing import Any
 
 from agent_rewind.errors import AgentUnavailable, ShuttingDown
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
+from agent_rewind.sessions.live import Evict, LiveSlots
 
 ClientFactory = Callable[[ClientSpec], AgentClient]
 
 
 class AgentProcess:
-    def __init__(self, session_id: str, factory: ClientFactory, log: Any) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        factory: ClientFactory,
+        log: Any,
+        slots: LiveSlots | None = None,
+        evict: Evict | None = None,
+    ) -> None:
         self._session_id = session_id
         self._factory = factory
         self._log = log
+        self._slots = slots
+        self._evict = evict
+        # The client whose process holds this session's slot (until it has exited).
+        self._slot_holder: AgentClient | None = None
         self.client: AgentClient | None = None
         self._closing: set[asyncio.Task[None]] = set()
         # Set when the server stops: no process may start from then on.
         self.stopped = False
+        self.starts = 0  # processes started, over the session's life in this server
 
     @property
     def alive(self) -> bool:
@@ -43,18 +57,26 @@ class AgentProcess:
             self._log.warning("cli process gone; resuming the session in a new one")
             self.let_go()
         await self.settle()
+        if self._slots is not None and self._evict is not None:
+            await self._slots.acquire(self._session_id, self._evict)  # LIVE_SESSIONS_EXHAUSTED
         started = time.perf_counter()
         client = self._factory(spec)
+        self._slot_holder = client
         try:
             await client.start()
         except AgentError as err:
             self._log.error("cli did not start", error=str(err))
+            await self._ended(client)
             raise AgentUnavailable(self._session_id, str(err)) from err
+        except BaseException:
+            await self._ended(client)
+            raise
         if self.stopped:
             # The server began to stop while this process started: it must not outlive it.
-            await client.close()
+            await self._ended(client)
             raise ShuttingDown()
         self.client = client
+        self.starts += 1
         self._log.info(
             "cli started",
             pid=client.pid,
@@ -64,14 +86,32 @@ class AgentProcess:
         )
         return client
 
+    def used(self) -> None:
+        """The session used its process: the last to be hibernated for a slot."""
+        if self._slots is not None:
+            self._slots.used(self._session_id)
+
     def let_go(self) -> None:
         """Lets go of the process; it ends in the background (`settle` waits for it)."""
         client, self.client = self.client, None
         if client is None:
             return
-        task = asyncio.create_task(client.close(), name=f"close-cli-{self._session_id}")
+        task = asyncio.create_task(self._ended(client), name=f"close-cli-{self._session_id}")
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+    async def _ended(self, client: AgentClient) -> None:
+        """Closes `client` (killed if it does not exit in time) and frees its slot once it has exited."""
+        try:
+            await client.close()
+        finally:
+            self._free_slot(client)
+
+    def _free_slot(self, client: AgentClient) -> None:
+        if self._slot_holder is client:
+            self._slot_holder = None
+            if self._slots is not None:
+                self._slots.release(self._session_id)
 
     async def kill(self) -> None:
         """Ends the process now (SIGKILL) and waits until it has."""
@@ -80,6 +120,7 @@ class AgentProcess:
             return
         self._log.warning("killing the cli process", pid=client.pid)
         await client.kill()
+        self._free_slot(client)
         if self.client is client:
             self.client = None
 

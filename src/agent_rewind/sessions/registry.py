@@ -19,6 +19,7 @@ from agent_rewind.config import Config
 from agent_rewind.errors import (
     AgentUnavailable,
     InvalidArgument,
+    LiveSessionsExhausted,
     QuotaExceeded,
     RequestIdReused,
     SessionAlreadyExists,
@@ -238,6 +239,12 @@ class SessionRegistry:
                 if self._workers.get(worker.session_id) is not worker:
                     raise AgentUnavailable(worker.session_id, "its creation failed; create it again")
                 await worker.ensure_client()
+        except LiveSessionsExhausted:
+            # Every live slot runs a turn: the session is created hibernated; its first use
+            # starts it (or says LIVE_SESSIONS_EXHAUSTED, retryable, if still none is free).
+            log.info(
+                "session created without a process: every live slot is busy", session_id=worker.session_id
+            )
         except Exception:
             if not worker.record.started and self._workers.get(worker.session_id) is worker:
                 await self.forget(worker.session_id)

@@ -36,6 +36,7 @@ from agent_rewind.errors import (
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent
+from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
 from agent_rewind.store.ledger import Anchor, Ledger, NewRequest, RequestIdTaken, SessionRecord, dumps
@@ -88,6 +89,8 @@ class WorkerContext:
     # Raises (QuotaExceeded) when the session's principal may not start another turn now; called
     # in the same step that claims the session for a turn, so two prompts cannot both slip by.
     admit_turn: Callable[[SessionWorker], None] = _any_turn
+    # The bound on live CLI processes (--max-live-sessions); None: no bound.
+    live: LiveSlots | None = None
 
 
 class SessionWorker:
@@ -97,7 +100,7 @@ class SessionWorker:
         self.session_id = record.session_id
         self.lock = asyncio.Lock()
         self._log = log.bind(session_id=self.session_id)
-        self.process = AgentProcess(self.session_id, ctx.client_factory, self._log)
+        self.process = AgentProcess(self.session_id, ctx.client_factory, self._log, ctx.live, self._evict)
         self._background: set[asyncio.Task[None]] = set()
         self._turn: Turn | None = None
         # Claimed from the moment a prompt is accepted (before its CLI may still be starting)
@@ -248,6 +251,7 @@ class SessionWorker:
         """The live client, started (or resumed) if needed. Call under the lock."""
         client = self.process.client
         if client is not None and client.alive:
+            self.process.used()
             return client
         if self._shutting_down:
             raise ShuttingDown()
@@ -618,13 +622,31 @@ class SessionWorker:
             self.record = replace(self.record, closed=True)
 
     async def hibernate(self) -> None:
+        """Gives the process back (the idle timer). Skipped when the session is in use."""
         if self.lock.locked():
             return
         async with self.lock:
             if self.process.client is not None and not self.turn_running:
                 self._log.info("hibernating idle session")
-                self.process.let_go()
-                await self.process.settle()
+                await self._let_go_and_forget()
+
+    async def _evict(self) -> bool:
+        """Hibernates the session now for another's live slot: True once its process has exited,
+        False when it is busy (a turn running, a rewind holding the lock)."""
+        if self.lock.locked() or self.turn_running:
+            return False
+        async with self.lock:  # free, so taken at once
+            self._cancel_idle_timer()
+            await self._let_go_and_forget()
+        return True
+
+    async def _let_go_and_forget(self) -> None:
+        """Ends the process and frees what a hibernated session need not hold: its transcript
+        index and remembered turns come back from the disk and the ledger when next needed."""
+        self.process.let_go()
+        await self.process.settle()
+        self._index = None
+        self._turns_by_request.clear()
 
     def _arm_idle_timer(self) -> None:
         self._cancel_idle_timer()

@@ -1,0 +1,109 @@
+"""The bound on live CLI processes (--max-live-sessions), counted by asking the operating system."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent_rewind.api.v1 import rewind_service_pb2, session_pb2
+from tests.integration.harness import FILES, Client, cli_pids, error_info, prompt_id, read, serve
+
+HIBERNATED = session_pb2.SESSION_STATE_HIBERNATED
+
+
+@contextlib.asynccontextmanager
+async def _most_processes(config_dir: Path) -> AsyncIterator[list[int]]:
+    """Samples the server's CLI processes every few milliseconds; yields [the most seen at once]."""
+    most = [0]
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            most[0] = max(most[0], len(cli_pids(config_dir=config_dir)))
+            await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(sample())
+    try:
+        yield most
+    finally:
+        stop.set()
+        await task
+
+
+def _starts(c: Client, session_id: str) -> int:
+    """How many CLI processes the server has started for the session."""
+    assert c.running is not None
+    return c.running.registry.get(session_id).process.starts
+
+
+async def test_five_sessions_in_turn_never_hold_more_than_two_processes(tmp_path: Path) -> None:
+    async with serve(tmp_path, max_live_sessions=2) as c:
+        assert c.running is not None
+        config_dir = c.running.config.claude_config_dir
+        async with _most_processes(config_dir) as most:
+            sessions = [await c.create() for _ in range(5)]
+            ids: dict[str, list[str]] = {s.session_id: [] for s in sessions}
+            for round_ in range(2):
+                for s in sessions:
+                    events = await c.prompt(s.session_id, f"write r{round_}.txt {s.session_id[:8]}")
+                    ids[s.session_id].append(prompt_id(events))
+            for s in sessions:
+                result = await c.rewind(s.session_id, ids[s.session_id][1], FILES)
+                assert result.files.can_rewind
+                assert read(Path(s.cwd) / "r0.txt") == f"{s.session_id[:8]}\n"
+                assert read(Path(s.cwd) / "r1.txt") is None
+        assert most[0] <= 2, f"{most[0]} CLI processes at once"
+        assert len(cli_pids(config_dir=config_dir)) <= 2
+        # The least recently used are hibernated; their points are read with no process started.
+        hibernated = [s for s in sessions if (await c.get(s.session_id)).state == HIBERNATED]
+        assert len(hibernated) == 3
+        for s in hibernated:
+            before = _starts(c, s.session_id)
+            points = await c.points(s.session_id)
+            assert [p.message_id for p in points.points] == ids[s.session_id]
+            assert _starts(c, s.session_id) == before and not cli_pids(s.session_id)
+
+
+async def test_when_every_slot_runs_a_turn_the_call_is_live_sessions_exhausted(tmp_path: Path) -> None:
+    async with serve(tmp_path, max_live_sessions=1) as c:
+        busy, waiting = await c.create(), await c.create()
+        point = prompt_id(await c.prompt(waiting.session_id, "write a.txt v0"))
+        long_turn = asyncio.create_task(c.prompt(busy.session_id, "sleep 3\nsay done"))
+        await c.wait_for_state(busy.session_id, session_pb2.SESSION_STATE_RUNNING)
+        for call in (
+            c.prompt(waiting.session_id, "say hello"),
+            c.dry_run(waiting.session_id, point, FILES),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            info = error_info(err.value)
+            assert (info.reason, info.metadata["max_live_sessions"]) == ("LIVE_SESSIONS_EXHAUSTED", "1")
+        # Reading needs no process; creating one more is not refused (it starts on first use).
+        assert (await c.points(waiting.session_id)).points
+        extra = await c.create()
+        assert (await c.get(extra.session_id)).state == HIBERNATED
+        await long_turn
+        # Retryable: once the turn ended, the slot goes to whoever asks.
+        events = await c.prompt(waiting.session_id, "say hello again")
+        assert events[-1].result.result == "hello again"
+        assert len(cli_pids(config_dir=tmp_path / "claude")) == 1
+
+
+async def test_a_burst_of_calls_to_a_hibernated_session_resumes_it_once(tmp_path: Path) -> None:
+    async with serve(tmp_path, max_live_sessions=1) as c:
+        target, other = await c.create(), await c.create()
+        point = prompt_id(await c.prompt(target.session_id, "write a.txt v0"))
+        await c.prompt(other.session_id, "say take the slot")
+        assert (await c.get(target.session_id)).state == HIBERNATED
+        before = _starts(c, target.session_id)
+        caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
+        assert caps.max_live_sessions == 1
+        results = await asyncio.gather(*(c.dry_run(target.session_id, point, FILES) for _ in range(8)))
+        assert all(r.files.can_rewind for r in results)
+        assert _starts(c, target.session_id) == before + 1
