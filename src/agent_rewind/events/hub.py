@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from agent_rewind import metrics
 from agent_rewind.errors import CursorExpired, InvalidArgument, ShuttingDown, SubscriberTooSlow
 from agent_rewind.store.ledger import EventRecord, Ledger
 
@@ -69,7 +70,6 @@ class EventHub:
         self._watchers: set[_Watcher] = set()
         self._closed = False
         self._chore: asyncio.Task[None] | None = None
-        self.sent = 0  # events delivered, over every watcher (for metrics)
         self._wake_scheduled = False
 
     async def start(self) -> None:
@@ -103,6 +103,9 @@ class EventHub:
         self._remember(event)
         while self._newest + 1 in self._cache:
             self._newest += 1
+        self._schedule_wake()
+
+    def _schedule_wake(self) -> None:
         if not self._wake_scheduled:
             # Not at once: whoever published (a Rewind) answers its caller first, and the
             # watchers follow a moment later, however many there are.
@@ -137,11 +140,16 @@ class EventHub:
                 log.warning("could not read the event log", error=str(err))
 
     async def _catch_up(self) -> None:
-        """Learns of events appended without being published here."""
+        """Learns of events appended without being published here. The ledger is the truth: what
+        it holds after `newest` is every event there is, so a cursor it lacks in between was
+        trimmed away and is stepped over (only a publish can arrive out of order)."""
         while True:
             found = await self._ledger.events_after(self._newest, limit=_BATCH)
             for event in found:
-                self.publish(event)
+                self._remember(event)
+            if found and found[-1].cursor > self._newest:
+                self._newest = found[-1].cursor
+                self._schedule_wake()
             if len(found) < _BATCH:
                 return
 
@@ -206,7 +214,7 @@ class EventHub:
                     for event in batch:
                         watcher.position = event.cursor
                         if (session_id is None or event.session_id == session_id) and visible(event):
-                            self.sent += 1
+                            metrics.EVENTS_SENT.inc()
                             yield event
                 if not replayed:
                     replayed = True
