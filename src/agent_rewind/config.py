@@ -23,6 +23,10 @@ class Config:
     state_dir: Path = Path("var")
     workspace_roots: tuple[Path, ...] = ()
     listen: str = DEFAULT_LISTEN
+    # Plaintext side ports, off unless given: Prometheus metrics (HTTP) and grpc.health.v1 only
+    # (for probes that cannot speak TLS, like the kubelet's).
+    metrics_listen: str = ""
+    health_listen: str = ""
     model: ModelBackend = "auto"
     # Seconds a running turn gets to finish when the server is told to stop.
     shutdown_grace: float = 10.0
@@ -236,6 +240,20 @@ class Flag:
 
 SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("--listen", "listen", "the host:port to serve gRPC on", metavar="HOST:PORT"),
+    Flag(
+        "--metrics-listen",
+        "metrics_listen",
+        "the host:port to serve Prometheus metrics on (plain HTTP, /metrics)",
+        metavar="HOST:PORT",
+        default_help="off",
+    ),
+    Flag(
+        "--health-listen",
+        "health_listen",
+        "a host:port serving only grpc.health.v1, in plaintext, for probes that cannot use TLS",
+        metavar="HOST:PORT",
+        default_help="off",
+    ),
     Flag(
         "--state-dir",
         "state_dir",

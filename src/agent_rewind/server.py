@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -14,7 +14,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from agent_rewind import logs
+from agent_rewind import logs, metrics
 from agent_rewind.access import AccessFile, AccessFileError
 from agent_rewind.api.v1 import (
     rewind_service_pb2,
@@ -23,6 +23,7 @@ from agent_rewind.api.v1 import (
 from agent_rewind.config import Config
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
+from agent_rewind.metrics import MetricsServer
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import registration
 from agent_rewind.rpc.auth import Authenticator
@@ -111,6 +112,7 @@ class RunningServer:
     backend: str
     hub: EventHub
     authenticated: bool = False
+    side: SidePorts | None = None
     _stopped: bool = False
     _chores: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -137,7 +139,51 @@ class RunningServer:
         if self.model is not None:
             self.model.stop()
         await self.ledger.close()
+        if self.side is not None:
+            await self.side.stop()
         log.info("stopped")
+
+
+class SidePorts:
+    """The plaintext side ports: Prometheus metrics, and grpc.health.v1 alone for probes."""
+
+    def __init__(self) -> None:
+        self.metrics: MetricsServer | None = None
+        self.health: grpc.aio.Server | None = None
+        self.health_port = 0
+        self._unobserve: Callable[[], None] | None = None
+
+    async def start(
+        self,
+        config: Config,
+        health_servicer: health.aio.HealthServicer,
+        registry: SessionRegistry,
+        hub: EventHub,
+        live: LiveSlots,
+    ) -> None:
+        self._unobserve = metrics.observe(
+            registry.states, lambda: hub.watchers, lambda: (live.held, live.capacity)
+        )
+        if config.metrics_listen:
+            self.metrics = MetricsServer(config.metrics_listen)
+            log.info("serving metrics", address=config.metrics_listen, port=self.metrics.port)
+        if config.health_listen:
+            self.health = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.health)
+            self.health_port = self.health.add_insecure_port(config.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"cannot listen on {config.health_listen}")
+            await self.health.start()
+            log.info("serving health", address=config.health_listen, port=self.health_port)
+
+    async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop(grace=0)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
+        if self._unobserve is not None:
+            self._unobserve()
+            self._unobserve = None
 
 
 def default_factory(config: Config) -> ClientFactory:
@@ -295,14 +341,23 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     )
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
-    # Interrupted rewinds are finished before any call is admitted.
-    await engine.recover(registry.workers)
-    await server.start()
+    for name in (*SERVICE_NAMES, ""):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    side = SidePorts()
+    try:
+        # Probes see NOT_SERVING while interrupted rewinds are finished, before any call is admitted.
+        await side.start(config, health_servicer, registry, hub, live)
+        await engine.recover(registry.workers)
+        await server.start()
+    except BaseException:
+        await side.stop()
+        raise
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(
         server, port, registry, ledger, health_servicer, model, config, engine, backend, hub
     )
+    running.side = side
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))

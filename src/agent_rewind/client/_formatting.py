@@ -354,5 +354,9 @@ def format_capabilities(caps: rewind_pb2.Capabilities) -> str:
             ("file_checkpoint_window", f"{caps.file_checkpoint_window} most recent prompts"),
             ("dry_run", yes_no(caps.dry_run)),
             ("events", yes_no(caps.events)),
+            ("model_backend", caps.model_backend or "-"),
+            ("max_live_sessions", str(caps.max_live_sessions) if caps.max_live_sessions else "-"),
+            ("workspace_snapshots", yes_no(caps.workspace_snapshots)),
+            ("authentication", yes_no(caps.authentication)),
         ]
     )

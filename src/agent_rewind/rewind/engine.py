@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -22,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import faults
+from agent_rewind import faults, metrics
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -153,6 +154,11 @@ class _Plan:
     last_message_id: str
 
 
+# Errors that mean the rewind was tried and could not be carried out (the others refuse it
+# before anything is applied).
+_FAILURES = frozenset({"AGENT_UNAVAILABLE", "STORAGE_UNAVAILABLE", "INTERNAL"})
+
+
 class _MovedOn(AgentRewindError):
     """The conversation moved on since the intent was recorded: cutting now would drop turns
     nobody asked to drop."""
@@ -250,13 +256,27 @@ class RewindEngine:
         return await asyncio.shield(task)
 
     async def _rewind_exclusive(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
-        async with worker.exclusive():
-            await self.resolve_pending(worker)
-            previous = await self._previous(req)
-            if previous is not None:  # finished just now by resolve_pending, or before
-                assert previous.result is not None
-                return RewindOutcome.from_json(previous.result)
-            return await self._rewind_locked(worker, req)
+        started = time.perf_counter()
+        outcome = "failed"
+        try:
+            async with worker.exclusive():
+                await self.resolve_pending(worker)
+                previous = await self._previous(req)
+                if previous is not None:  # finished just now by resolve_pending, or before
+                    assert previous.result is not None
+                    outcome = "retried"
+                    return RewindOutcome.from_json(previous.result)
+                result = await self._rewind_locked(worker, req)
+                outcome = "applied"
+                metrics.REWIND_SECONDS.labels(req.mode.value).observe(time.perf_counter() - started)
+                return result
+        except AgentRewindError as err:
+            outcome = "failed" if err.reason in _FAILURES else "refused"
+            raise
+        finally:
+            if outcome != "retried":
+                source = "checkpoint" if req.mode.files else "none"
+                metrics.REWINDS.labels(req.mode.value, outcome, source).inc()
 
     async def _rewind_locked(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         plan = await self._plan(worker, req)

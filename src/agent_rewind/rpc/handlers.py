@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
 
+from agent_rewind import metrics
 from agent_rewind.errors import AgentRewindError, InvalidArgument
 from agent_rewind.rpc.auth import Authenticator
-from agent_rewind.rpc.errors import abort, abort_internal
+from agent_rewind.rpc.errors import STATUS_BY_REASON, abort, abort_internal
 from agent_rewind.rpc.registration import Undecodable
 
 log = structlog.get_logger(__name__)
@@ -34,20 +37,32 @@ def _bind(rpc: str, request: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _error_boundary(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-    """Domain errors become their status; anything unexpected becomes INTERNAL, logged here."""
+async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
+    """Domain errors become their status; anything unexpected becomes INTERNAL, logged here.
+    Every call is counted by its status code and timed (rpc metrics)."""
+    code = grpc.StatusCode.OK
+    started = time.perf_counter()
     try:
         yield
     except AgentRewindError as err:
+        code = STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
         # A stop ends every watch at once: one line for each would drown the log.
         level = logging.DEBUG if err.reason == "SHUTTING_DOWN" else logging.INFO
         log.log(level, "rpc refused", reason=err.reason, error=err.message)
         await abort(context, err)
     except grpc.aio.AbortError:
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        code = grpc.StatusCode.CANCELLED  # the caller hung up (or a watch was cut off)
         raise
     except Exception:
+        code = grpc.StatusCode.INTERNAL
         log.exception("rpc failed unexpectedly")
         await abort_internal(context)
+    finally:
+        metrics.RPCS.labels(method, code.name).inc()
+        metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
 
 
 class Servicer(Protocol):
@@ -76,7 +91,7 @@ def unary(
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         _bind(fn.__name__, request)
-        async with _error_boundary(context):
+        async with _error_boundary(context, fn.__name__):
             _admit(self, fn.__name__, context)
             _decoded(request)
             return await fn(self, request, context)
@@ -91,7 +106,7 @@ def streaming(
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
         _bind(fn.__name__, request)
-        async with _error_boundary(context):
+        async with _error_boundary(context, fn.__name__):
             _admit(self, fn.__name__, context)
             _decoded(request)
             async for item in fn(self, request, context):

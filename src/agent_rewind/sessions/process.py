@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent_rewind import metrics
 from agent_rewind.errors import AgentUnavailable, ShuttingDown
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.live import Evict, LiveSlots
@@ -66,6 +67,7 @@ class AgentProcess:
             await client.start()
         except AgentError as err:
             self._log.error("cli did not start", error=str(err))
+            metrics.CLI_START_FAILURES.inc()
             await self._ended(client)
             raise AgentUnavailable(self._session_id, str(err)) from err
         except BaseException:
@@ -77,6 +79,8 @@ class AgentProcess:
             raise ShuttingDown()
         self.client = client
         self.starts += 1
+        metrics.CLI_STARTS.inc()
+        metrics.CLI_START_SECONDS.observe(time.perf_counter() - started)
         self._log.info(
             "cli started",
             pid=client.pid,
@@ -120,6 +124,7 @@ class AgentProcess:
             return
         self._log.warning("killing the cli process", pid=client.pid)
         await client.kill()
+        metrics.CLI_KILLS.inc()
         self._free_slot(client)
         if self.client is client:
             self.client = None

@@ -29,7 +29,7 @@ from agent_rewind.errors import (
     WorkspaceOutsideRoot,
 )
 from agent_rewind.sessions import options as session_options
-from agent_rewind.sessions.worker import SessionWorker, WorkerContext
+from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
 from agent_rewind.store.ledger import Ledger, NewRequest, NewSession, RequestIdTaken, dumps
 from agent_rewind.transcript.paths import transcript_path
 
@@ -98,6 +98,13 @@ class SessionRegistry:
                 record = dataclasses.replace(record, options=options)
             _register_secrets(record.options)
             self._workers[record.session_id] = SessionWorker(record, self._ctx)
+
+    def states(self) -> dict[str, int]:
+        """How many sessions are in each state (for metrics)."""
+        counts = dict.fromkeys((State.IDLE, State.RUNNING, State.HIBERNATED, State.CLOSED), 0)
+        for worker in self._workers.values():
+            counts[worker.state] += 1
+        return counts
 
     @property
     def workers(self) -> dict[str, SessionWorker]:

@@ -14,11 +14,13 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent_rewind import metrics
 from agent_rewind.errors import StorageUnavailable
 from agent_rewind.store.ledger import (
     Anchor,
@@ -200,7 +202,14 @@ class SqliteLedger:
                     raise
                 return result
 
-        return await asyncio.to_thread(run)
+        started = time.perf_counter()
+        try:
+            return await asyncio.to_thread(run)
+        except BaseException:
+            metrics.LEDGER_WRITE_FAILURES.inc()
+            raise
+        finally:
+            metrics.LEDGER_WRITE_SECONDS.observe(time.perf_counter() - started)
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         return list(self._reader.execute(sql, args).fetchall())

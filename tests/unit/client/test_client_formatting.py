@@ -351,6 +351,9 @@ def test_capabilities_block() -> None:
         service_version="0.1.0",
         sdk_version="0.2.184",
         cli_version="2.1.327",
+        model_backend="offline",
+        max_live_sessions=14,
+        authentication=True,
     )
     assert format_capabilities(caps).splitlines() == [
         "service_version         0.1.0",
@@ -360,6 +363,10 @@ def test_capabilities_block() -> None:
         "file_checkpoint_window  100 most recent prompts",
         "dry_run                 yes",
         "events                  no",
+        "model_backend           offline",
+        "max_live_sessions       14",
+        "workspace_snapshots     no",
+        "authentication          yes",
     ]
 
 

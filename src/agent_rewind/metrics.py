@@ -1,0 +1,150 @@
+"""Prometheus metrics (--metrics-listen): what the service does, by counts and latencies.
+
+One registry of the service's own (not prometheus_client's global one). Labels are small fixed
+sets (an RPC's name, a status code, a mode): never a session id, a path or a principal, so the
+series stay few and say nothing a scrape should not see. Gauges of the moment (sessions by state,
+watchers) are read at scrape time from whatever a running server registers with `observe`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+RPCS = Counter(
+    "agent_rewind_rpcs_total",
+    "RPCs handled, by method and status code",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+RPC_SECONDS = Histogram(
+    "agent_rewind_rpc_duration_seconds",
+    "How long RPCs took, by method (a stream: until it ended)",
+    ["method"],
+    buckets=_SLOW,
+    registry=REGISTRY,
+)
+CLI_STARTS = Counter(
+    "agent_rewind_cli_starts_total", "Claude Code processes started (fresh or resumed)", registry=REGISTRY
+)
+CLI_START_FAILURES = Counter(
+    "agent_rewind_cli_start_failures_total", "Claude Code processes that did not start", registry=REGISTRY
+)
+CLI_KILLS = Counter(
+    "agent_rewind_cli_kills_total",
+    "Claude Code processes killed (a turn that ignored Interrupt, a forced close)",
+    registry=REGISTRY,
+)
+CLI_START_SECONDS = Histogram(
+    "agent_rewind_cli_start_seconds",
+    "How long a Claude Code process took to start",
+    buckets=_SLOW,
+    registry=REGISTRY,
+)
+REWINDS = Counter(
+    "agent_rewind_rewinds_total",
+    "Rewinds asked for, by mode, outcome (applied, refused, failed) and files source",
+    ["mode", "outcome", "source"],
+    registry=REGISTRY,
+)
+REWIND_SECONDS = Histogram(
+    "agent_rewind_rewind_duration_seconds",
+    "How long applying a rewind took, by mode",
+    ["mode"],
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+EVENTS_SENT = Counter(
+    "agent_rewind_events_sent_total", "Rewind events sent to watchers, over every watcher", registry=REGISTRY
+)
+LEDGER_WRITE_SECONDS = Histogram(
+    "agent_rewind_ledger_write_seconds",
+    "How long a ledger write (one transaction, synced) took",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+LEDGER_WRITE_FAILURES = Counter(
+    "agent_rewind_ledger_write_failures_total", "Ledger writes that failed", registry=REGISTRY
+)
+
+
+@contextlib.contextmanager
+def timed(histogram: Any) -> Iterator[None]:
+    """Observes how long the block took (also when it raises)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        histogram.observe(time.perf_counter() - started)
+
+
+class _Gauges(Collector):
+    """Gauges read at scrape time from the running server."""
+
+    def __init__(
+        self,
+        sessions: Callable[[], dict[str, int]],
+        watchers: Callable[[], int],
+        live: Callable[[], tuple[int, int]],
+    ) -> None:
+        self._sessions = sessions
+        self._watchers = watchers
+        self._live = live
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        by_state = GaugeMetricFamily("agent_rewind_sessions", "Sessions, by state", labels=["state"])
+        for state, count in sorted(self._sessions().items()):
+            by_state.add_metric([state.lower()], count)
+        yield by_state
+        yield GaugeMetricFamily(
+            "agent_rewind_watchers", "Open WatchRewindEvents streams", value=self._watchers()
+        )
+        held, capacity = self._live()
+        yield GaugeMetricFamily("agent_rewind_live_processes", "Live-process slots held", value=held)
+        yield GaugeMetricFamily(
+            "agent_rewind_live_processes_max", "The live-process bound (--max-live-sessions)", value=capacity
+        )
+
+
+def observe(
+    sessions: Callable[[], dict[str, int]], watchers: Callable[[], int], live: Callable[[], tuple[int, int]]
+) -> Callable[[], None]:
+    """Registers a running server's gauges; returns what unregisters them."""
+    collector = _Gauges(sessions, watchers, live)
+    REGISTRY.register(collector)
+    return lambda: REGISTRY.unregister(collector)
+
+
+class MetricsServer:
+    """The plain-HTTP /metrics endpoint, in a thread of its own (a scrape never waits on the event loop)."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._server: WSGIServer
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(
+            int(port), addr=host.strip("[]") or "0.0.0.0", registry=REGISTRY
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
