@@ -10,6 +10,7 @@ again.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,13 @@ def resync() -> None:
     """Events were dropped before we saw them: rebuild whatever you mirror from the sessions
     themselves (ListSessions, ListRewindPoints), then follow on."""
     print("RESYNC", flush=True)
+
+
+def store(cursor_file: Path, cursor: int) -> None:
+    """Atomically: a crash mid-write must not leave an empty file (that would skip events)."""
+    partial = cursor_file.with_name(cursor_file.name + ".tmp")
+    partial.write_text(str(cursor))
+    os.replace(partial, cursor_file)
 
 
 def error_reason(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
@@ -54,17 +62,17 @@ def follow(address: str, cursor_file: Path) -> None:
             for response in stub.WatchRewindEvents(request):
                 if response.HasField("caught_up"):
                     if not stored:  # a first start follows from here on
-                        cursor_file.write_text(str(response.caught_up.cursor))
+                        store(cursor_file, response.caught_up.cursor)
                     print(f"CAUGHT_UP cursor={response.caught_up.cursor}", flush=True)
                     backoff = 0.5
                     continue
                 handle(response.event)
-                cursor_file.write_text(str(response.event.cursor))  # after handling it
+                store(cursor_file, response.event.cursor)  # after handling it
         except grpc.RpcError as err:
             reason, metadata = error_reason(err)
             if reason == "CURSOR_EXPIRED":
                 resync()
-                cursor_file.write_text(str(int(metadata["oldest_cursor"]) - 1))
+                store(cursor_file, int(metadata["oldest_cursor"]) - 1)
                 continue
             if reason not in ("SHUTTING_DOWN", "SUBSCRIBER_TOO_SLOW") and err.code() not in (
                 grpc.StatusCode.UNAVAILABLE,

@@ -17,3 +17,8 @@ def test_the_python_consumer_in_events_md_is_the_tested_example() -> None:
     quoted = [b for b in _blocks(ROOT / "docs" / "events.md", "python") if "def follow" in b]
     assert len(quoted) == 1
     assert quoted[0] in (ROOT / "docs" / "examples" / "watch_events.py").read_text()
+
+
+def test_the_node_consumer_in_events_md_is_the_tested_example() -> None:
+    [quoted] = _blocks(ROOT / "docs" / "events.md", "javascript")
+    assert quoted == (ROOT / "clients" / "node" / "examples" / "watch-events.mjs").read_text()
