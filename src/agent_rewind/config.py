@@ -180,7 +180,9 @@ class Flag:
         value = getattr(Config(), self.config_field)
         if isinstance(value, bool):
             return "true" if value else "false"
-        return f"{value:g}" if isinstance(value, float) else str(value)
+        if isinstance(value, float):
+            return str(int(value)) if value.is_integer() else f"{value:g}"
+        return str(value)
 
     def help_text(self) -> str:
         form = f", several separated by {self.separator!r}" if self.repeatable else ""
@@ -306,6 +308,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "seconds a request id is remembered: a retry within it gets the first call's outcome",
         convert=seconds,
         metavar="S",
+        default_help="604800 (7 days)",
     ),
     Flag(
         "--allow-bypass-permissions",
@@ -396,6 +399,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "session hibernates; 0 sizes it from the memory limit",
         convert=count,
         metavar="N",
+        default_help="0: (memory limit - 512 MiB) / 256 MiB",
     ),
     Flag(
         "--event-retention",
@@ -403,6 +407,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "seconds the event log keeps an event, 0 for no age bound; an older cursor is CURSOR_EXPIRED",
         convert=seconds,
         metavar="S",
+        default_help="2592000 (30 days)",
     ),
     Flag(
         "--event-retention-count",

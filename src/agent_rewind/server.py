@@ -37,7 +37,7 @@ from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.worker import WorkerContext
 from agent_rewind.store.ledger import Ledger, now
-from agent_rewind.store.sqlite import SqliteLedger
+from agent_rewind.store.sqlite import SchemaTooNew, SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
 
 log = structlog.get_logger(__name__)
@@ -292,7 +292,12 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         )
     else:
         log.info("model backend", backend=backend)
-    ledger = await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
+    try:
+        ledger = await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
+    except SchemaTooNew as err:
+        if model is not None:
+            model.stop()
+        raise StartError(str(err)) from err
     try:
         await _trim_events(ledger, config)
     except Exception as err:

@@ -39,6 +39,16 @@ from agent_rewind.store.ledger import (
 
 T = TypeVar("T")
 
+
+class SchemaTooNew(Exception):
+    """The ledger was written by a newer version: this one must not touch it (no downgrades)."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the ledger's schema is version {found}, newer than this agent-rewind knows ({known}): "
+            "run the newer version, or restore a backup taken before the upgrade"
+        )
+
 # Each entry upgrades the schema by one version; never edit one that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     # 1: round 1.
@@ -141,7 +151,12 @@ class SqliteLedger:
         self._writer = self._connect()
         self._reader = self._connect()
         self._write_lock = threading.Lock()
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self._writer.close()
+            self._reader.close()
+            raise
 
     @classmethod
     async def open(cls, path: Path, busy_timeout: float = 5.0) -> SqliteLedger:
@@ -160,6 +175,8 @@ class SqliteLedger:
     def _migrate(self) -> None:
         with self._write_lock:
             version = int(self._writer.execute("PRAGMA user_version").fetchone()[0])
+            if version > len(MIGRATIONS):
+                raise SchemaTooNew(version, len(MIGRATIONS))
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
                 self._writer.execute("BEGIN IMMEDIATE")
                 try:

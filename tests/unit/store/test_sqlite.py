@@ -6,8 +6,10 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession
-from agent_rewind.store.sqlite import MIGRATIONS, SqliteLedger
+from agent_rewind.store.sqlite import MIGRATIONS, SchemaTooNew, SqliteLedger
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
 
@@ -107,3 +109,14 @@ async def test_reopening_a_current_ledger_migrates_nothing(tmp_path: Path) -> No
     again = await SqliteLedger.open(path)
     assert again.schema_version == len(MIGRATIONS)
     await again.close()
+
+
+async def test_a_ledger_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    await (await SqliteLedger.open(path)).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version={len(MIGRATIONS) + 1}")
+    with pytest.raises(SchemaTooNew):
+        await SqliteLedger.open(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
