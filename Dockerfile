@@ -9,8 +9,9 @@
 # Arguments after the image name are appended to `agent-rewind serve` (e.g. --log-level debug).
 #
 # No HEALTHCHECK: the service answers the standard gRPC health protocol (grpc.health.v1), and the
-# image carries no probe binary. Kubernetes probes it natively (deploy/kubernetes.yaml); elsewhere,
-# probe it with grpc_health_probe or grpcurl from outside the container.
+# image carries no probe binary. Kubernetes probes it natively, on the plaintext health-only port
+# of --health-listen since the main port is TLS (deploy/base); elsewhere, probe it with
+# grpc_health_probe or grpcurl from outside the container.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
