@@ -12,11 +12,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import events, memory, points, rewind
+from benchmarks import events, memory, overhead, points, rewind
 from benchmarks.common import Report, machine
 from benchmarks.docs import DOC, update_results
 
-BENCHMARKS = ("points", "rewind", "memory", "events")
+BENCHMARKS = ("points", "rewind", "memory", "events", "overhead")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "events": lambda: events.run(
             work / "events", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 10
         ),
+        "overhead": lambda: overhead.run(work / "overhead", quick=args.quick),
     }
     reports: list[Report] = []
     started = time.monotonic()

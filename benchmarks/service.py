@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +167,56 @@ def register_session(state_dir: Path, session_id: str) -> tuple[str, Path]:
     path = transcript_path(config.claude_config_dir, str(cwd), session_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     return str(cwd), path
+
+
+def register_sessions(state_dir: Path, session_ids: Sequence[str]) -> list[tuple[str, Path]]:
+    """`register_session` for many sessions at once (thousands): the same ledger rows, written
+    through the same ledger calls, on a copy of the ledger on tmpfs (/dev/shm when there is one),
+    where a synced commit costs no disk flush, then copied into place. Two synced commits per
+    session on disk would take minutes for 10,000. Call with no server running.
+
+    Returns each session's workspace and where the server will look for its transcript.
+    """
+    config = bench_config(state_dir)
+    shm = Path("/dev/shm")
+    scratch = Path(tempfile.mkdtemp(prefix="agent-rewind-bench-", dir=shm if shm.is_dir() else None))
+    suffixes = ("", "-wal", "-shm")
+    try:
+        copy = scratch / config.ledger_path.name
+        for suffix in suffixes:  # a ledger already there is added to, not replaced
+            if (source := Path(f"{config.ledger_path}{suffix}")).exists():
+                shutil.copyfile(source, f"{copy}{suffix}")
+
+        async def register() -> None:
+            ledger = await SqliteLedger.open(copy)
+            try:
+                for session_id in session_ids:
+                    cwd = str(config.default_workspace_root / session_id)
+                    await ledger.add_session(NewSession(session_id, cwd, {}, checkpointing=True))
+                    await ledger.touch_session(session_id, started=True)
+            finally:
+                await ledger.close()
+
+        asyncio.run(register())
+        config.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in suffixes:
+            target = Path(f"{config.ledger_path}{suffix}")
+            if Path(f"{copy}{suffix}").exists():
+                shutil.copyfile(f"{copy}{suffix}", target)
+            else:
+                target.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    # Every path before any directory: `transcript_path` looks through projects/ for a file it
+    # does not find where it computed it, which would cost O(sessions) per session.
+    out = []
+    for session_id in session_ids:
+        workspace = str(config.default_workspace_root / session_id)
+        out.append((workspace, transcript_path(config.claude_config_dir, workspace, session_id)))
+    for workspace, path in out:
+        Path(workspace).mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 @dataclass(frozen=True)

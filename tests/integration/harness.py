@@ -111,6 +111,21 @@ class Client:
             rewind_service_pb2.RewindRequest(session_id=session_id, message_id=message_id, mode=mode, **kw)
         )
 
+    async def events(self, session_id: str) -> list[rewind_pb2.RewindEvent]:
+        """The session's whole event log, replayed from the start up to `caught_up`."""
+        call = self.rewinds.WatchRewindEvents(
+            rewind_service_pb2.WatchRewindEventsRequest(session_id=session_id, after_cursor=0)
+        )
+        out: list[rewind_pb2.RewindEvent] = []
+        try:
+            async for response in call:
+                if response.HasField("caught_up"):
+                    return out
+                out.append(response.event)
+        finally:
+            call.cancel()
+        raise AssertionError("the event stream ended before caught_up")
+
     async def recall(self, session_id: str) -> list[str]:
         """The user prompts the model sees, by the scripted model's `recall`."""
         events = await self.prompt(session_id, "recall")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -38,14 +39,17 @@ async def _three_turns(c: Client) -> tuple[str, Path, list[str]]:
     return session.session_id, Path(session.cwd), ids
 
 
-async def _rewind_killed_at(server: ServerProcess, step: str) -> tuple[str, Path, list[str], str]:
-    """Three turns, then a `both` rewind to the second with a request id, killed at `step`."""
+async def _rewind_killed_at(
+    server: ServerProcess, step: str, mode: Any = BOTH
+) -> tuple[str, Path, list[str], str]:
+    """Three turns, then a rewind (`both` unless told) to the second with a request id, killed at
+    `step`."""
     await server.start(fault=step)
     c = client_of(server)
     sid, cwd, ids = await _three_turns(c)
     rid = str(uuid.uuid4())
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await c.rewind(sid, ids[1], BOTH, request_id=rid)
+        await c.rewind(sid, ids[1], mode, request_id=rid)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, "the caller sees no answer"
     assert await server.wait() == -9
     await server.start()
@@ -79,6 +83,23 @@ async def test_a_crash_after_the_intent_is_recorded_is_finished_by_the_restart(
     result = await c.rewind(sid, ids[1], BOTH, request_id=rid)
     assert result.rewind_id and result.files.can_rewind and result.conversation.rewound
     assert await c.recall(sid) == [P0, "recall"]
+
+
+@pytest.mark.parametrize("step", ["rewind.intent_recorded", "rewind.files_restored", "rewind.completed"])
+async def test_a_files_only_rewind_interrupted_after_its_intent_is_finished_by_the_restart(
+    server: ServerProcess, step: str
+) -> None:
+    """A files-only rewind records no "files applied" mark: killed after restoring, the restart
+    restores again (idempotent) and completes it, with the conversation untouched."""
+    sid, cwd, ids, rid = await _rewind_killed_at(server, step, FILES)
+    c = client_of(server)
+    assert [p.message_id for p in (await c.points(sid)).points] == ids
+    assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v0\n", None, None)
+    result = await c.rewind(sid, ids[1], FILES, request_id=rid)
+    assert result.rewind_id and result.files.can_rewind and not result.conversation.requested
+    assert sorted(Path(f).name for f in result.files.files_changed) == ["a.txt", "b.txt", "c.txt"]
+    events = await c.events(sid)
+    assert [e.rewind_id for e in events] == [result.rewind_id], "one event, for the finished rewind"
 
 
 # The usual crash: the server and its CLI processes die together (a pod killed for memory).

@@ -362,8 +362,12 @@ class RewindEngine:
             point = view.resolve(record.plan["target"])
             checkpoints.apply(checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history))
             faults.point("rewind.files_restored")
-            await self._ledger.mark_files_applied(record.rewind_id)
-            faults.point("rewind.files_recorded")
+            if anchor is not None:
+                # Only a rewind with a conversation half needs this mark: it must be finished even
+                # if the conversation moves on. A files-only rewind interrupted here is restored
+                # again on recovery (restoring is idempotent), which saves a synced commit.
+                await self._ledger.mark_files_applied(record.rewind_id)
+                faults.point("rewind.files_recorded")
             files = replace(files, skipped_links=answer.skipped_links)
         conversation = outcome.conversation
         last = view.last_message_id

@@ -51,7 +51,7 @@ _TURNS_REMEMBERED = 32
 # Transcript reads larger than this run in a thread (a 5,000-turn transcript is about 35 MB).
 _READ_INLINE_BYTES = 1 << 20
 # How often a turn looks for its prompt in the transcript, to announce the rewind point early.
-_ANNOUNCE_POLL = 0.01
+_ANNOUNCE_POLL = 0.001
 # After the CLI's echo, how long the prompt event may wait for the transcript to show the prompt.
 _ECHO_TO_TRANSCRIPT = 5.0
 

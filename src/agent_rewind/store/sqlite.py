@@ -49,6 +49,7 @@ class SchemaTooNew(Exception):
             "run the newer version, or restore a backup taken before the upgrade"
         )
 
+
 # Each entry upgrades the schema by one version; never edit one that has shipped.
 MIGRATIONS: tuple[str, ...] = (
     # 1: round 1.
