@@ -65,6 +65,13 @@ class Config:
     event_retention_count: int = 1_000_000
     # How many events a watcher may fall behind before it is cut off (SUBSCRIBER_TOO_SLOW).
     watcher_buffer: int = 1000
+    # Workspace snapshots (snapshots/): the default for new sessions, and their bounds.
+    workspace_snapshots: bool = True
+    snapshot_max_file_bytes: int = 16 * 1024 * 1024
+    snapshot_max_bytes: int = 512 * 1024 * 1024
+    snapshot_timeout: float = 30.0
+    # Rewind points per session (the newest) that keep their snapshots; 0 for all.
+    snapshot_retention: int = 0
     # The environment the CLI processes see, beyond what the service sets itself.
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -422,6 +429,45 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "events a WatchRewindEvents stream may fall behind before it is ended (SUBSCRIBER_TOO_SLOW)",
         convert=positive_int,
         metavar="N",
+    ),
+    Flag(
+        "--workspace-snapshots",
+        "workspace_snapshots",
+        "snapshot each session's whole workspace when each turn starts and ends, so a files rewind "
+        "restores Bash and subagent edits too (a session may say otherwise at CreateSession)",
+        switch=True,
+    ),
+    Flag(
+        "--snapshot-max-file-bytes",
+        "snapshot_max_file_bytes",
+        "a file larger than this makes a snapshot incomplete (its point then cannot be restored from it)",
+        convert=positive_int,
+        metavar="BYTES",
+        default_help="16777216 (16 MiB)",
+    ),
+    Flag(
+        "--snapshot-max-bytes",
+        "snapshot_max_bytes",
+        "bytes one snapshot may add to the store; beyond, it is incomplete",
+        convert=positive_int,
+        metavar="BYTES",
+        default_help="536870912 (512 MiB)",
+    ),
+    Flag(
+        "--snapshot-timeout",
+        "snapshot_timeout",
+        "seconds one snapshot may take; beyond, it is incomplete",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
+        "--snapshot-retention",
+        "snapshot_retention",
+        "rewind points per session (the newest) that keep their workspace snapshots, 0 for all; older "
+        "snapshots are collected by reachability",
+        convert=count,
+        metavar="N",
+        default_help="0: all",
     ),
     Flag(
         "--log-format",

@@ -35,7 +35,9 @@ from agent_rewind.sessions.live import LiveSlots, default_max_live
 from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import WorkerContext
+from agent_rewind.snapshots import Limits
 from agent_rewind.store.ledger import Ledger, now
 from agent_rewind.store.sqlite import SchemaTooNew, SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
@@ -113,6 +115,7 @@ class RunningServer:
     hub: EventHub
     authenticated: bool = False
     side: SidePorts | None = None
+    snapshots: Snapshots | None = None
     _stopped: bool = False
     _chores: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -139,6 +142,8 @@ class RunningServer:
         if self.model is not None:
             self.model.stop()
         await self.ledger.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.side is not None:
             await self.side.stop()
         log.info("stopped")
@@ -304,7 +309,16 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         log.warning("could not drop old events", error=str(err))
     hub = EventHub(ledger, max_lag=config.watcher_buffer)
     await hub.start()
-    engine = RewindEngine(ledger, publish=hub.publish)
+    snapshots = Snapshots(
+        config.state_dir / "snapshots",
+        ledger,
+        Limits(
+            max_file_bytes=config.snapshot_max_file_bytes,
+            max_total_bytes=config.snapshot_max_bytes,
+            timeout_s=config.snapshot_timeout,
+        ),
+    )
+    engine = RewindEngine(ledger, publish=hub.publish, snapshots=snapshots)
     live = LiveSlots(config.max_live_sessions or default_max_live())
     log.info("live process bound", max_live_sessions=live.capacity)
     ctx = WorkerContext(
@@ -317,6 +331,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         resolve_pending=engine.resolve_pending,
         project_settings=config.trust_project_settings,
         live=live,
+        snapshots=snapshots,
+        snapshot_retention=config.snapshot_retention,
     )
     registry = SessionRegistry(config, ledger, ctx)
     await registry.load()
@@ -363,6 +379,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         server, port, registry, ledger, health_servicer, model, config, engine, backend, hub
     )
     running.side = side
+    running.snapshots = snapshots
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))

@@ -37,13 +37,17 @@ BOTH = rewind_pb2.REWIND_MODE_BOTH
 
 
 def test_config(state_dir: Path, **overrides: Any) -> Config:
-    """Always the offline scripted model, a state dir of the test's own, a free port."""
+    """Always the offline scripted model, a state dir of the test's own, a free port. Workspace
+    snapshots are off unless a test turns them on: most tests here are about the CLI's own
+    checkpoints (and their failure paths); test_snapshots.py, and every test of a server process
+    (ServerProcess, the real defaults), run with them on."""
     values: dict[str, Any] = {
         "state_dir": state_dir,
         "listen": "127.0.0.1:0",
         "model": "offline",
         "idle_timeout": 0,
         "shutdown_grace": 5,
+        "workspace_snapshots": False,
     }
     values.update(overrides)
     return Config(**values).resolved()

@@ -32,10 +32,14 @@ from agent_rewind.errors import (
     NoConversationAnchor,
     RequestIdReused,
     RewindConflict,
+    SnapshotUnavailable,
+    StorageUnavailable,
 )
-from agent_rewind.rewind import checkpoints
+from agent_rewind.rewind import checkpoints, workspace
 from agent_rewind.sessions.events import FilesAnswer
+from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
+from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -94,6 +98,11 @@ class FilesHalf:
     deletions: int = 0
     skipped_links: int = 0
     refusal: Refusal | None = None
+    # "checkpoint" (the CLI's) or "snapshot" (the service's workspace snapshots).
+    source: str = "checkpoint"
+    conflicts: tuple[tuple[str, str], ...] = ()  # (path, resolution)
+    diffs: tuple[dict[str, Any], ...] = ()
+    diffs_truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,7 +134,13 @@ class RewindOutcome:
         return cls(
             rewind_id=data["rewind_id"],
             files=FilesHalf(
-                **{**files, "files_changed": tuple(files["files_changed"]), "refusal": refusal(files)}
+                **{
+                    **files,
+                    "files_changed": tuple(files["files_changed"]),
+                    "refusal": refusal(files),
+                    "conflicts": tuple(tuple(c) for c in files.get("conflicts", ())),
+                    "diffs": tuple(files.get("diffs", ())),
+                }
             ),
             conversation=ConversationHalf(**{**conversation, "refusal": refusal(conversation)}),
             last_message_id=data["last_message_id"],
@@ -140,9 +155,14 @@ class RewindRequest:
     expected_last_message_id: str | None = None
     request_id: str | None = None
     principal: str = ""
+    conflict_policy: str = workspace.REFUSE
+    include_diff: bool = False  # DryRun only
 
     def fingerprint(self) -> str:
-        return json.dumps([self.session_id, self.message_id, self.mode.value, self.expected_last_message_id])
+        call: list[Any] = [self.session_id, self.message_id, self.mode.value, self.expected_last_message_id]
+        if self.conflict_policy != workspace.REFUSE:  # the fingerprints of older calls stay as they were
+            call.append(self.conflict_policy)
+        return json.dumps(call)
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,9 @@ class _Plan:
     conversation: ConversationHalf
     turns_dropped: int
     last_message_id: str
+    # A files half served by snapshots: its plan, and the workspace as it was planned against.
+    snapshot: workspace.SnapshotPlan | None = None
+    now: Snapshot | None = None
 
 
 # Errors that mean the rewind was tried and could not be carried out (the others refuse it
@@ -168,10 +191,51 @@ Publish = Callable[[EventRecord], None]
 
 
 class RewindEngine:
-    def __init__(self, ledger: Ledger, publish: Publish | None = None) -> None:
+    def __init__(
+        self, ledger: Ledger, publish: Publish | None = None, snapshots: Snapshots | None = None
+    ) -> None:
         self._ledger = ledger
         # Told of every event this engine commits (the event hub), after the commit.
         self._publish = publish
+        self._snapshots = snapshots
+
+    async def _from_snapshots(
+        self, worker: SessionWorker, point: RewindPoint, req: RewindRequest
+    ) -> tuple[FilesHalf, workspace.SnapshotPlan | None, Snapshot] | None:
+        """The files half served by workspace snapshots; None when no snapshot was taken at the
+        point (the CLI's checkpoints serve it then)."""
+        snaps = self._snapshots
+        if snaps is None or not worker.record.workspace_snapshots:
+            return None
+        sid, cwd = worker.session_id, worker.record.cwd
+        records = await snaps.records(sid)
+        first = workspace.start_of(records, point.message_id)
+        if first is None:
+            return None
+        now = await snaps.take(sid, cwd)
+        store = snaps.store(sid, cwd)
+        later = list(records[first:])
+        try:
+            plan = await snaps.run(
+                lambda: workspace.plan(
+                    store, point.message_id, later, now, req.conflict_policy, include_diff=req.include_diff
+                )
+            )
+        except SnapshotUnavailable as err:
+            return FilesHalf(True, refusal=_refuse(err), source="snapshot"), None, now
+        half = FilesHalf(
+            True,
+            plan.refusal is None,
+            tuple(str(Path(cwd) / path) for path in plan.changed),
+            plan.insertions,
+            plan.deletions,
+            refusal=_refuse(plan.refusal) if plan.refusal is not None else None,
+            source="snapshot",
+            conflicts=plan.conflicts,
+            diffs=plan.diffs,
+            diffs_truncated=plan.diffs_truncated,
+        )
+        return half, plan, now
 
     async def _plan(self, worker: SessionWorker, req: RewindRequest) -> _Plan:
         view = await worker.view()
@@ -180,7 +244,12 @@ class RewindEngine:
             raise RewindConflict(req.expected_last_message_id, view.last_message_id)
         point = view.resolve(req.message_id)
         files = FilesHalf()
-        if req.mode.files:
+        snapshot: workspace.SnapshotPlan | None = None
+        now: Snapshot | None = None
+        served = await self._from_snapshots(worker, point, req) if req.mode.files else None
+        if served is not None:
+            files, snapshot, now = served
+        elif req.mode.files:
             if not worker.record.checkpointing:
                 files = FilesHalf(True, refusal=_refuse(CheckpointingDisabled(worker.session_id)))
             else:
@@ -211,7 +280,7 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=_refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        return _Plan(point, files, conversation, 0, view.last_message_id)
+        return _Plan(point, files, conversation, 0, view.last_message_id, snapshot, now)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
@@ -258,6 +327,7 @@ class RewindEngine:
     async def _rewind_exclusive(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         started = time.perf_counter()
         outcome = "failed"
+        source = "checkpoint" if req.mode.files else "none"
         try:
             async with worker.exclusive():
                 await self.resolve_pending(worker)
@@ -268,6 +338,8 @@ class RewindEngine:
                     return RewindOutcome.from_json(previous.result)
                 result = await self._rewind_locked(worker, req)
                 outcome = "applied"
+                if req.mode.files:
+                    source = result.files.source
                 metrics.REWIND_SECONDS.labels(req.mode.value).observe(time.perf_counter() - started)
                 return result
         except AgentRewindError as err:
@@ -275,7 +347,6 @@ class RewindEngine:
             raise
         finally:
             if outcome != "retried":
-                source = "checkpoint" if req.mode.files else "none"
                 metrics.REWINDS.labels(req.mode.value, outcome, source).inc()
 
     async def _rewind_locked(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
@@ -285,6 +356,9 @@ class RewindEngine:
                 raise RefusedHalf(half.refusal)
         faults.point("rewind.planned")
         rewind_id = str(uuid.uuid4())
+        if plan.snapshot is not None and plan.now is not None and self._snapshots is not None:
+            # The workspace as the rewind found it: the rollback, and an interval boundary.
+            await self._snapshots.record(worker.session_id, REWIND_BEFORE, rewind_id, plan.now)
         anchor = None
         if req.mode.conversation:
             anchor = Anchor(
@@ -304,6 +378,7 @@ class RewindEngine:
                 plan={
                     "target": plan.point.message_id,
                     "files": req.mode.files,
+                    "snapshot": plan.snapshot.to_json() if plan.snapshot is not None else None,
                     "anchor": asdict(anchor) if anchor else None,
                     "outcome": RewindOutcome(rewind_id, plan.files, plan.conversation, "").to_json(),
                     # What the rewind was planned against: it never cuts a conversation that
@@ -344,6 +419,27 @@ class RewindEngine:
             raise FileCheckpointUnavailable(target, answer.error or "the CLI cannot rewind files")
         return answer
 
+    async def _restore_snapshot(self, worker: SessionWorker, record: RewindRecord) -> None:
+        """Restores the planned paths from the point's snapshot, all or nothing, then snapshots
+        the result (the end of the service's interval). Idempotent: recovery runs it again."""
+        snaps = self._snapshots
+        if snaps is None:
+            raise StorageUnavailable(
+                "workspace snapshots are off on this server; the rewind cannot be finished"
+            )
+        plan = record.plan["snapshot"]
+        sid, cwd = worker.session_id, worker.record.cwd
+        store = snaps.store(sid, cwd)
+        try:
+            await snaps.run(lambda: store.restore(plan["start"], plan["paths"], rollback=plan["now"]))
+        except RestoreError as err:
+            # Every path written was put back: nothing was applied.
+            await self._ledger.abandon_rewind(record.rewind_id)
+            raise StorageUnavailable(
+                f"the workspace could not be restored ({err}); nothing was changed"
+            ) from err
+        await snaps.take_and_record(sid, cwd, REWIND_AFTER, record.rewind_id)
+
     async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded intent: files, then the conversation cut. Under the session's lock."""
         plan = record.plan
@@ -357,7 +453,13 @@ class RewindEngine:
             await self._ledger.abandon_rewind(record.rewind_id)
             log.error("dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id)
             raise _MovedOn("the rewind could not be finished; the conversation has changed since")
-        if plan["files"] and not record.files_applied:
+        if plan["files"] and not record.files_applied and plan.get("snapshot"):
+            await self._restore_snapshot(worker, record)
+            faults.point("rewind.files_restored")
+            if anchor is not None:
+                await self._ledger.mark_files_applied(record.rewind_id)
+                faults.point("rewind.files_recorded")
+        elif plan["files"] and not record.files_applied:
             answer = await self._restore_files(worker, record)
             point = view.resolve(record.plan["target"])
             checkpoints.apply(checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history))
@@ -461,6 +563,7 @@ def event_data(target: str, mode: str, outcome: RewindOutcome, owner: str) -> di
             "insertions": files.insertions,
             "deletions": files.deletions,
             "skipped_links": files.skipped_links,
+            "source": files.source if files.requested else "",
         },
         "messages_dropped": outcome.conversation.messages_dropped,
         "conversation_changed": outcome.conversation.rewound,

@@ -83,6 +83,7 @@ def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Sessio
         update_time=timestamp(max(worker.update_time, record.update_time)),
         principal=record.principal,
         options=_struct(shown_options(record.options)),
+        workspace_snapshots=record.workspace_snapshots,
     )
 
 
@@ -135,20 +136,22 @@ def turn_event(session_id: str, event: TurnEvent) -> session_pb2.TurnEvent:
 
 
 def rewind_point(
-    point: RewindPoint, checkpointing: bool, holds_pending: bool = False
+    point: RewindPoint, checkpointing: bool, holds_pending: bool = False, snapshot: bool | None = None
 ) -> rewind_pb2.RewindPoint:
     """`holds_pending`: the session's live process ran its newest prompt, so it holds that prompt's
-    checkpoint before the CLI has written it down."""
+    checkpoint before the CLI has written it down. `snapshot`: None when no workspace snapshot was
+    taken at the point (the CLI's checkpoints serve it), else whether snapshots can serve it (a
+    point with an incomplete snapshot is refused, never served by half a source)."""
     text = point.text if len(point.text) <= PREVIEW_CHARS else point.text[: PREVIEW_CHARS - 1] + "…"
+    checkpoint = checkpointing and point.has_checkpoint and (holds_pending or not point.checkpoint_pending)
     return rewind_pb2.RewindPoint(
         message_id=point.message_id,
         resume_at_message_id=point.resume_at_message_id,
         text=text,
         index=point.index,
         create_time=timestamp(point.create_time),
-        files_rewindable=checkpointing
-        and point.has_checkpoint
-        and (holds_pending or not point.checkpoint_pending),
+        files_rewindable=checkpoint if snapshot is None else snapshot,
+        snapshot_available=bool(snapshot),
     )
 
 
@@ -165,6 +168,35 @@ def _refusal(value: Refusal | None) -> rewind_pb2.Refusal | None:
     return rewind_pb2.Refusal(reason=value.reason, message=value.message, metadata=value.metadata)
 
 
+_SOURCES = {
+    "checkpoint": rewind_pb2.FILES_SOURCE_CHECKPOINT,
+    "snapshot": rewind_pb2.FILES_SOURCE_SNAPSHOT,
+}
+_RESOLUTIONS = {
+    "refused": rewind_pb2.CONFLICT_RESOLUTION_REFUSED,
+    "skipped": rewind_pb2.CONFLICT_RESOLUTION_SKIPPED,
+    "overwritten": rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN,
+}
+_CHANGES = {
+    "added": rewind_pb2.FILE_CHANGE_ADDED,
+    "modified": rewind_pb2.FILE_CHANGE_MODIFIED,
+    "deleted": rewind_pb2.FILE_CHANGE_DELETED,
+}
+_POLICIES = {
+    rewind_pb2.CONFLICT_POLICY_UNSPECIFIED: "refuse",
+    rewind_pb2.CONFLICT_POLICY_REFUSE: "refuse",
+    rewind_pb2.CONFLICT_POLICY_SKIP: "skip",
+    rewind_pb2.CONFLICT_POLICY_OVERWRITE: "overwrite",
+}
+
+
+def conflict_policy(value: int) -> str:
+    found: str | None = _POLICIES.get(value)  # type: ignore[call-overload]
+    if found is None:
+        raise InvalidArgument("conflict_policy", f"unknown ConflictPolicy {value}")
+    return found
+
+
 def _files(half: FilesHalf) -> rewind_pb2.FilesRewindResult:
     return rewind_pb2.FilesRewindResult(
         requested=half.requested,
@@ -174,6 +206,26 @@ def _files(half: FilesHalf) -> rewind_pb2.FilesRewindResult:
         deletions=half.deletions,
         skipped_links=half.skipped_links,
         refusal=_refusal(half.refusal),
+        source=_SOURCES.get(half.source, rewind_pb2.FILES_SOURCE_UNSPECIFIED)
+        if half.requested
+        else rewind_pb2.FILES_SOURCE_UNSPECIFIED,
+        conflicts=[
+            rewind_pb2.FileConflict(
+                path=path, resolution=_RESOLUTIONS.get(how, rewind_pb2.CONFLICT_RESOLUTION_UNSPECIFIED)
+            )
+            for path, how in half.conflicts
+        ],
+        diffs=[
+            rewind_pb2.FileDiff(
+                path=str(d["path"]),
+                change=_CHANGES.get(str(d["change"]), rewind_pb2.FILE_CHANGE_UNSPECIFIED),
+                unified_diff=str(d["unified_diff"]),
+                binary=bool(d["binary"]),
+                truncated=bool(d["truncated"]),
+            )
+            for d in half.diffs
+        ],
+        diffs_truncated=half.diffs_truncated,
     )
 
 

@@ -97,7 +97,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             model_backend=self._backend,
             authentication=self.auth.enabled,
             max_live_sessions=self._max_live_sessions,
-            workspace_snapshots=False,
+            workspace_snapshots=self._registry.workspace_snapshots_default,
         )
 
     @unary
@@ -114,9 +114,15 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         view = await worker.view()
         points = view.points[start : start + size]
         more = start + size < len(view.points)
+        snapshots = await worker.snapshot_availability()
         return rewind_service_pb2.ListRewindPointsResponse(
             points=[
-                convert.rewind_point(p, worker.record.checkpointing, worker.holds_newest_checkpoint)
+                convert.rewind_point(
+                    p,
+                    worker.record.checkpointing,
+                    worker.holds_newest_checkpoint,
+                    snapshots.get(p.message_id),
+                )
                 for p in points
             ],
             next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
@@ -133,6 +139,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             ),
             request_id=optional_uuid("request_id", request.request_id),
             principal=current().name,
+            conflict_policy=convert.conflict_policy(request.conflict_policy),
+            # Previews only: a Rewind ignores it, so one request can serve both calls.
+            include_diff=request.include_diff,
         )
 
     @unary

@@ -39,7 +39,11 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         checkpointing = (
             request.enable_file_checkpointing if request.HasField("enable_file_checkpointing") else True
         )
-        snapshots = request.workspace_snapshots if request.HasField("workspace_snapshots") else False
+        snapshots = (
+            request.workspace_snapshots
+            if request.HasField("workspace_snapshots")
+            else self._registry.workspace_snapshots_default
+        )
         worker = await self._registry.create(
             NewSessionRequest(
                 cwd=request.cwd,
@@ -58,7 +62,10 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def GetSession(  # noqa: N802
         self, request: session_service_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        return await _session(self._session(request.session_id))
+        worker = self._session(request.session_id)
+        session = await _session(worker)
+        session.snapshot_bytes = await worker.snapshot_bytes()
+        return session
 
     @unary
     async def ListSessions(  # noqa: N802

@@ -70,6 +70,8 @@ class NewSessionRequest:
 class SessionRegistry:
     def __init__(self, config: Config, ledger: Ledger, ctx: WorkerContext) -> None:
         self._config = config
+        # New sessions snapshot their workspace unless they say otherwise (and the server can).
+        self.workspace_snapshots_default = config.workspace_snapshots and ctx.snapshots is not None
         self._ledger = ledger
         self._ctx = dataclasses.replace(ctx, admit_turn=self._admit_turn)
         self._workers: dict[str, SessionWorker] = {}

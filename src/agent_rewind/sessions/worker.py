@@ -38,6 +38,7 @@ from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, p
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent
 from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
+from agent_rewind.sessions.snapshotting import TURN_END, TURN_START, Snapshots
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
 from agent_rewind.store.ledger import Anchor, Ledger, NewRequest, RequestIdTaken, SessionRecord, dumps
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
@@ -91,6 +92,9 @@ class WorkerContext:
     admit_turn: Callable[[SessionWorker], None] = _any_turn
     # The bound on live CLI processes (--max-live-sessions); None: no bound.
     live: LiveSlots | None = None
+    # Workspace snapshots (None: off on this server), and how many points keep theirs (0: all).
+    snapshots: Snapshots | None = None
+    snapshot_retention: int = 0
 
 
 class SessionWorker:
@@ -439,6 +443,7 @@ class SessionWorker:
             if self.record.closed:
                 await self._ctx.ledger.touch_session(self.session_id, closed=False)
                 self.record = replace(self.record, closed=False)
+            await self._snapshot(TURN_START, turn.prompt_id)
             await client.send_prompt(turn.text, turn.prompt_id)
             turn.sent = True
             self._newest_turn_pid = client.pid
@@ -512,6 +517,7 @@ class SessionWorker:
         failure: AgentRewindError | None = None
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
         if turn.sent:
+            steps.append(("snapshot", lambda: self._snapshot(TURN_END, turn.prompt_id)))
             steps.append(("touch", self._touch))
             steps.append(("view", self.view))
         if turn.request_id and not turn.sent:
@@ -531,6 +537,33 @@ class SessionWorker:
                 failure = failure or StorageUnavailable(f"the turn ran, but it could not be recorded ({err})")
         faults.point("turn.recorded")
         return failure
+
+    async def snapshot_bytes(self) -> int:
+        """Bytes the session's workspace snapshots hold on disk (0 when it has none)."""
+        snaps = self._ctx.snapshots
+        if snaps is None:
+            return 0
+        return await snaps.disk_bytes(self.session_id, self.record.cwd)
+
+    async def snapshot_availability(self) -> dict[str, bool]:
+        """Per prompt id: whether a complete workspace snapshot was taken when its turn started."""
+        snaps = self._ctx.snapshots
+        if snaps is None or not self.record.workspace_snapshots:
+            return {}
+        return snaps.available(await snaps.records(self.session_id))
+
+    async def _snapshot(self, kind: str, prompt_id: str) -> None:
+        """Snapshots the workspace at a turn's start or end, when the session has snapshots on.
+        A snapshot that fails is recorded as incomplete (or logged): it never fails the turn."""
+        snaps = self._ctx.snapshots
+        if snaps is None or not self.record.workspace_snapshots:
+            return
+        await snaps.take_and_record(self.session_id, self.record.cwd, kind, prompt_id)
+        if kind == TURN_END and self._ctx.snapshot_retention:
+            try:
+                await snaps.retain(self.session_id, self.record.cwd, self._ctx.snapshot_retention)
+            except Exception as err:  # collected next time
+                self._log.error("could not collect old workspace snapshots", error=str(err))
 
     async def _touch(self) -> None:
         self.update_time = await self._ctx.ledger.touch_session(self.session_id)
@@ -647,6 +680,8 @@ class SessionWorker:
         await self.process.settle()
         self._index = None
         self._turns_by_request.clear()
+        if self._ctx.snapshots is not None:
+            self._ctx.snapshots.forget(self.session_id)
 
     def _arm_idle_timer(self) -> None:
         self._cancel_idle_timer()

@@ -143,6 +143,33 @@ class EventRecord:
     data: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class NewSnapshot:
+    """A workspace snapshot taken for a session (snapshots/): where in its history, and what."""
+
+    session_id: str
+    # "turn_start", "turn_end", "rewind_before" or "rewind_after".
+    kind: str
+    # The turn's prompt id (turn_*), or the rewind's id (rewind_*).
+    ref: str
+    # The snapshot store's tree id; None when nothing could be taken.
+    tree: str | None
+    complete: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    seq: int  # increasing in the order they were taken, per ledger
+    session_id: str
+    kind: str
+    ref: str
+    tree: str | None
+    complete: bool
+    reason: str
+    occur_time: datetime
+
+
 class RequestIdTaken(Exception):
     """A request id is already recorded (the caller compares it with its own call)."""
 
@@ -231,6 +258,19 @@ class Ledger(Protocol):
     async def pending_rewinds(self, session_id: str | None = None) -> list[RewindRecord]: ...
 
     async def rewinds(self, session_id: str | None = None) -> list[RewindRecord]: ...
+
+    # Workspace snapshots
+
+    async def add_snapshot(self, new: NewSnapshot) -> SnapshotRecord: ...
+
+    async def snapshots(self, session_id: str) -> list[SnapshotRecord]:
+        """The session's snapshots, in the order they were taken."""
+        ...
+
+    async def prune_snapshots(self, session_id: str, before_seq: int) -> int:
+        """Marks the session's snapshots older than `before_seq` pruned (no tree, reason
+        "pruned"): their trees may then be collected. How many."""
+        ...
 
     # The event log
 

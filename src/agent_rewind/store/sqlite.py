@@ -29,10 +29,12 @@ from agent_rewind.store.ledger import (
     NewRequest,
     NewRewind,
     NewSession,
+    NewSnapshot,
     RequestIdTaken,
     RequestRecord,
     RewindRecord,
     SessionRecord,
+    SnapshotRecord,
     dumps,
     now,
 )
@@ -134,6 +136,20 @@ MIGRATIONS: tuple[str, ...] = (
         FROM rewinds WHERE cursor IS NOT NULL;
     CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
     INSERT INTO counters (name, value) SELECT 'event_cursor', COALESCE(MAX(cursor), 0) FROM events;
+    """,
+    # 3: workspace snapshots, in the order they were taken.
+    """
+    CREATE TABLE snapshots (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('turn_start', 'turn_end', 'rewind_before', 'rewind_after')),
+        ref TEXT NOT NULL,
+        tree TEXT,
+        complete INTEGER NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        occur_time TEXT NOT NULL
+    );
+    CREATE INDEX snapshots_session ON snapshots(session_id, seq);
     """,
 )
 
@@ -500,6 +516,47 @@ class SqliteLedger:
         rows = self._rows("SELECT * FROM rewinds WHERE session_id = ? ORDER BY id", (session_id,))
         return [self._rewind(r) for r in rows]
 
+    # Workspace snapshots
+
+    async def add_snapshot(self, new: NewSnapshot) -> SnapshotRecord:
+        stamp = now()
+
+        def insert(db: sqlite3.Connection) -> int:
+            cursor = db.execute(
+                "INSERT INTO snapshots (session_id, kind, ref, tree, complete, reason, occur_time)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    new.session_id,
+                    new.kind,
+                    new.ref,
+                    new.tree,
+                    int(new.complete),
+                    new.reason,
+                    stamp.isoformat(),
+                ),
+            )
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+        seq = await self._write(insert)
+        return SnapshotRecord(
+            seq, new.session_id, new.kind, new.ref, new.tree, new.complete, new.reason, stamp
+        )
+
+    async def snapshots(self, session_id: str) -> list[SnapshotRecord]:
+        rows = self._rows("SELECT * FROM snapshots WHERE session_id = ? ORDER BY seq", (session_id,))
+        return [_snapshot(row) for row in rows]
+
+    async def prune_snapshots(self, session_id: str, before_seq: int) -> int:
+        def prune(db: sqlite3.Connection) -> int:
+            return db.execute(
+                "UPDATE snapshots SET tree = NULL, complete = 0, reason = 'pruned'"
+                " WHERE session_id = ? AND seq < ? AND tree IS NOT NULL",
+                (session_id, before_seq),
+            ).rowcount
+
+        return await self._write(prune)
+
     # The event log
 
     async def events_after(
@@ -550,6 +607,19 @@ def _loads(text: str) -> Any:
     import json
 
     return json.loads(text)
+
+
+def _snapshot(row: sqlite3.Row) -> SnapshotRecord:
+    return SnapshotRecord(
+        seq=int(row["seq"]),
+        session_id=row["session_id"],
+        kind=row["kind"],
+        ref=row["ref"],
+        tree=row["tree"],
+        complete=bool(row["complete"]),
+        reason=row["reason"],
+        occur_time=_time(row["occur_time"]),
+    )
 
 
 def _request(row: sqlite3.Row) -> RequestRecord:

@@ -20,6 +20,7 @@ from agent_rewind.store.ledger import (
     NewRequest,
     NewRewind,
     NewSession,
+    NewSnapshot,
     RequestIdTaken,
     now,
 )
@@ -298,3 +299,42 @@ async def test_concurrent_completions_get_distinct_consecutive_cursors(ledger: L
         await _begin(ledger, rid)
     events = await asyncio.gather(*(ledger.complete_rewind(r, {}, None, _event(r)) for r in ids))
     assert sorted(e.cursor for e in events) == list(range(1, 21))
+
+
+# Workspace snapshots
+
+
+async def test_snapshots_are_listed_per_session_in_the_order_they_were_taken(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await ledger.add_session(_session(OTHER))
+    first = await ledger.add_snapshot(NewSnapshot(SID, "turn_start", "p1", "t1", True))
+    await ledger.add_snapshot(NewSnapshot(OTHER, "turn_start", "q1", "u1", True))
+    await ledger.add_snapshot(NewSnapshot(SID, "turn_end", "p1", "t2", False, "timeout"))
+    await ledger.add_snapshot(NewSnapshot(SID, "rewind_before", "r1", None, False, "file over 10 bytes: big"))
+    records = await ledger.snapshots(SID)
+    assert [(r.kind, r.ref, r.tree, r.complete, r.reason) for r in records] == [
+        ("turn_start", "p1", "t1", True, ""),
+        ("turn_end", "p1", "t2", False, "timeout"),
+        ("rewind_before", "r1", None, False, "file over 10 bytes: big"),
+    ]
+    assert records[0] == first
+    assert [r.seq for r in records] == sorted(r.seq for r in records)
+    assert [r.ref for r in await ledger.snapshots(OTHER)] == ["q1"]
+
+
+async def test_pruned_snapshots_lose_their_trees_and_say_so(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await ledger.add_session(_session(OTHER))
+    taken = [
+        await ledger.add_snapshot(NewSnapshot(SID, "turn_start", f"p{i}", f"t{i}", True)) for i in range(3)
+    ]
+    other = await ledger.add_snapshot(NewSnapshot(OTHER, "turn_start", "q", "u", True))
+    assert await ledger.prune_snapshots(SID, before_seq=taken[2].seq) == 2
+    assert await ledger.prune_snapshots(SID, before_seq=taken[2].seq) == 0, "already pruned"
+    records = await ledger.snapshots(SID)
+    assert [(r.tree, r.complete, r.reason) for r in records] == [
+        (None, False, "pruned"),
+        (None, False, "pruned"),
+        ("t2", True, ""),
+    ]
+    assert await ledger.snapshots(OTHER) == [other], "another session's are untouched"

@@ -1,0 +1,146 @@
+"""Taking a session's workspace snapshots (snapshots/store.py) and recording them in the ledger.
+
+A snapshot hashes the workspace with git, which can take a while on a large one: it runs in a
+thread pool of its own, so it never holds up the event loop, nor another session, nor the
+ledger's writes (which have the default pool). The ledger records each snapshot in the order it
+was taken; `rewind/workspace.py` reads that history to decide what a files rewind restores.
+A snapshot that fails or hits a bound is recorded as incomplete, with the reason: never a silent
+success, never a failed turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore
+from agent_rewind.store.ledger import Ledger, NewSnapshot, SnapshotRecord, now
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+TURN_START = "turn_start"
+TURN_END = "turn_end"
+REWIND_BEFORE = "rewind_before"
+REWIND_AFTER = "rewind_after"
+
+
+class Snapshots:
+    """Every session's snapshot store, under one directory of the state dir."""
+
+    def __init__(self, root: Path, ledger: Ledger, limits: Limits, threads: int = 4) -> None:
+        self.root = root
+        self.limits = limits
+        self._ledger = ledger
+        self._stores: dict[str, SnapshotStore] = {}
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="snapshot")
+        # Per session: its records, read from the ledger once, then kept in step.
+        self._records: dict[str, list[SnapshotRecord]] = {}
+
+    def store(self, session_id: str, cwd: str) -> SnapshotStore:
+        found = self._stores.get(session_id)
+        if found is None:
+            found = SnapshotStore(self.root / f"{session_id}.git", Path(cwd), self.limits)
+            self._stores[session_id] = found
+        return found
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """Runs blocking store work in the snapshot threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    async def records(self, session_id: str) -> list[SnapshotRecord]:
+        found = self._records.get(session_id)
+        if found is None:
+            found = await self._ledger.snapshots(session_id)
+            self._records[session_id] = found
+        return found
+
+    async def take(self, session_id: str, cwd: str) -> Snapshot:
+        """The workspace as it is now, unrecorded (a dry run's view)."""
+        store = self.store(session_id, cwd)
+        try:
+            return await self.run(store.take)
+        except Exception as err:  # git missing, disk full, ...: incomplete, never a silent success
+            log.error("workspace snapshot failed", session_id=session_id, error=str(err))
+            return Snapshot(None, False, f"error: {err}")
+
+    async def record(self, session_id: str, kind: str, ref: str, snapshot: Snapshot) -> SnapshotRecord:
+        """Records a snapshot taken for the session. Raises what the ledger raises."""
+        if not snapshot.complete:
+            log.warning(
+                "workspace snapshot incomplete", session_id=session_id, kind=kind, reason=snapshot.reason
+            )
+        new = NewSnapshot(session_id, kind, ref, snapshot.tree, snapshot.complete, snapshot.reason)
+        record = await self._ledger.add_snapshot(new)
+        records = await self.records(session_id)
+        if not records or records[-1].seq < record.seq:
+            records.append(record)
+        return record
+
+    async def take_and_record(self, session_id: str, cwd: str, kind: str, ref: str) -> SnapshotRecord | None:
+        """Takes and records a snapshot; None (logged) when the ledger could not record it."""
+        snapshot = await self.take(session_id, cwd)
+        try:
+            return await self.record(session_id, kind, ref, snapshot)
+        except Exception as err:
+            log.error(
+                "could not record a workspace snapshot", session_id=session_id, kind=kind, error=str(err)
+            )
+            return None
+
+    def available(self, records: list[SnapshotRecord]) -> dict[str, bool]:
+        """Per prompt id whose turn started with a snapshot: whether a files rewind to it can be
+        served from snapshots, that is its start snapshot and every later one are complete (a
+        rewind reads them all). Prompts without a snapshot are absent."""
+        out: dict[str, bool] = {}
+        later_complete = True
+        for record in reversed(records):
+            later_complete = later_complete and record.complete and record.tree is not None
+            if record.kind == TURN_START and record.ref not in out:
+                out[record.ref] = later_complete
+        return out
+
+    async def retain(self, session_id: str, cwd: str, points: int) -> None:
+        """Keeps the snapshots of the newest `points` turns (and everything after the oldest of
+        them); the rest are marked pruned and their objects collected by reachability."""
+        records = await self.records(session_id)
+        starts = [r for r in records if r.kind == TURN_START and r.tree is not None]
+        if points <= 0 or len(starts) <= points:
+            return
+        keep_from = starts[-points].seq
+        if await self._ledger.prune_snapshots(session_id, keep_from):
+            self._records[session_id] = await self._ledger.snapshots(session_id)
+            kept = [r.tree for r in self._records[session_id] if r.tree is not None]
+            store = self.store(session_id, cwd)
+            await self.run(lambda: store.keep_only(kept))
+
+    async def disk_bytes(self, session_id: str, cwd: str) -> int:
+        if not (self.root / f"{session_id}.git").exists():
+            return 0
+        store = self.store(session_id, cwd)
+        return await self.run(store.disk_bytes)
+
+    def forget(self, session_id: str) -> None:
+        """Drops what is cached of a session (its records are re-read on demand)."""
+        self._records.pop(session_id, None)
+
+    async def delete(self, session_id: str) -> None:
+        self._records.pop(session_id, None)
+        self._stores.pop(session_id, None)
+        path = self.root / f"{session_id}.git"
+        await self.run(lambda: shutil.rmtree(path, ignore_errors=True))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def record_now(session_id: str, kind: str, ref: str, snapshot: Snapshot) -> SnapshotRecord:
+    """A record for a snapshot that is not in the ledger (a dry run's view of now)."""
+    return SnapshotRecord(0, session_id, kind, ref, snapshot.tree, snapshot.complete, snapshot.reason, now())

@@ -1,0 +1,265 @@
+"""Files rewinds from workspace snapshots, end to end: a real server, real Claude Code processes.
+
+What the CLI's checkpoints cannot restore (Bash edits, subagent edits, points beyond its window)
+comes back from the service's snapshots; someone else's edit is never destroyed unasked; a point
+whose snapshot is incomplete is refused rather than half restored; nothing in the workspace runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+
+from agent_rewind.api.v1 import rewind_pb2
+from agent_rewind.snapshots import SnapshotStore
+from agent_rewind.testing.server_process import ServerProcess
+from tests.integration.harness import BOTH, FILES, Client, client_of, error_info, prompt_id, read, serve
+
+SNAPSHOT = rewind_pb2.FILES_SOURCE_SNAPSHOT
+CHECKPOINT = rewind_pb2.FILES_SOURCE_CHECKPOINT
+
+
+def _bash_allowed() -> struct_pb2.Struct:
+    options = struct_pb2.Struct()
+    options.update({"allowed_tools": ["Bash"]})
+    return options
+
+
+async def _session(c: Client, **kw: Any) -> tuple[str, Path]:
+    session = await c.create(options=_bash_allowed(), **kw)
+    assert session.workspace_snapshots == kw.get("workspace_snapshots", True), "on by default"
+    return session.session_id, Path(session.cwd)
+
+
+async def test_bash_and_subagent_edits_are_restored_from_the_snapshot(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        first = prompt_id(await c.prompt(sid, "write keep.txt kept\nbash echo one > shell.txt"))
+        second = prompt_id(
+            await c.prompt(
+                sid,
+                "bash echo two > shell.txt && mkdir -p gen && echo made > gen/new.txt && rm keep.txt",
+            )
+        )
+        await c.prompt(sid, "agent write sub.txt from the subagent\nsay delegated")
+        assert (read(cwd / "shell.txt"), read(cwd / "gen/new.txt"), read(cwd / "sub.txt")) == (
+            "two\n",
+            "made\n",
+            "from the subagent\n",
+        )
+        points = await c.points(sid)
+        assert all(p.snapshot_available and p.files_rewindable for p in points.points)
+
+        preview = await c.dry_run(sid, second, FILES, include_diff=True)
+        assert preview.files.can_rewind and preview.files.source == SNAPSHOT
+        assert sorted(Path(f).relative_to(cwd).as_posix() for f in preview.files.files_changed) == [
+            "gen/new.txt",
+            "keep.txt",
+            "shell.txt",
+            "sub.txt",
+        ]
+        diffs = {d.path: d for d in preview.files.diffs}
+        assert diffs["shell.txt"].change == rewind_pb2.FILE_CHANGE_MODIFIED
+        assert "-two" in diffs["shell.txt"].unified_diff and "+one" in diffs["shell.txt"].unified_diff
+        assert diffs["keep.txt"].change == rewind_pb2.FILE_CHANGE_ADDED
+        assert diffs["sub.txt"].change == rewind_pb2.FILE_CHANGE_DELETED
+
+        result = await c.rewind(sid, second, FILES)
+        assert result.files.source == SNAPSHOT
+        assert list(result.files.files_changed) == list(preview.files.files_changed), "as the dry run said"
+        assert (read(cwd / "shell.txt"), read(cwd / "keep.txt")) == ("one\n", "kept\n")
+        assert read(cwd / "gen/new.txt") is None and read(cwd / "sub.txt") is None
+        # And to the very first point: the workspace as it was before any turn.
+        await c.rewind(sid, first, FILES)
+        assert read(cwd / "shell.txt") is None and read(cwd / "keep.txt") is None
+
+
+async def test_an_edit_made_outside_the_agent_is_never_destroyed_unasked(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        await c.prompt(sid, "write a.txt agent one\nwrite b.txt agent b")
+        point = prompt_id(await c.prompt(sid, "write a.txt agent two\nwrite b.txt agent b2"))
+        # A person edits a.txt after the agent's last turn, and writes a file of their own.
+        (cwd / "a.txt").write_text("human\n")
+        (cwd / "mine.txt").write_text("person's\n")
+
+        preview = await c.dry_run(sid, point, FILES)
+        assert not preview.files.can_rewind
+        assert [(x.path, x.resolution) for x in preview.files.conflicts] == [
+            ("a.txt", rewind_pb2.CONFLICT_RESOLUTION_REFUSED)
+        ]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, point, FILES)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(err.value).reason == "EXTERNAL_CHANGES"
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt")) == ("human\n", "agent b2\n"), "nothing applied"
+
+        skipped = await c.rewind(sid, point, FILES, conflict_policy=rewind_pb2.CONFLICT_POLICY_SKIP)
+        assert [(x.path, x.resolution) for x in skipped.files.conflicts] == [
+            ("a.txt", rewind_pb2.CONFLICT_RESOLUTION_SKIPPED)
+        ]
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt")) == ("human\n", "agent b\n")
+
+        await c.prompt(sid, "write a.txt agent three")
+        (cwd / "a.txt").write_text("human again\n")
+        overwritten = await c.rewind(sid, point, FILES, conflict_policy=rewind_pb2.CONFLICT_POLICY_OVERWRITE)
+        assert [(x.path, x.resolution) for x in overwritten.files.conflicts] == [
+            ("a.txt", rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN)
+        ]
+        assert read(cwd / "a.txt") == "agent one\n"
+        assert read(cwd / "mine.txt") == "person's\n", "a path only the person touched is never changed"
+
+
+async def test_a_point_beyond_the_clis_window_is_restored_from_its_snapshot(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        first = prompt_id(await c.prompt(sid, "write early.txt before"))
+        for i in range(105):
+            await c.prompt(sid, f"bash echo {i} > counter.txt")
+        points = await c.all_points(sid)
+        assert points[0].message_id == first and points[0].snapshot_available
+        result = await c.rewind(sid, first, FILES)
+        assert result.files.source == SNAPSHOT
+        assert read(cwd / "early.txt") is None and read(cwd / "counter.txt") is None
+
+
+async def test_a_point_whose_snapshot_hit_a_bound_is_refused_not_half_restored(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True, snapshot_max_file_bytes=1000) as c:
+        sid, cwd = await _session(c)
+        before = prompt_id(await c.prompt(sid, "write small.txt s"))
+        big = prompt_id(await c.prompt(sid, "bash head -c 5000 /dev/zero > big.bin\nwrite small.txt t"))
+        await c.prompt(sid, "write small.txt u")
+        points = {p.message_id: p for p in await c.all_points(sid)}
+        # Their start snapshots are complete, but a later one (big's end) is not: a rewind to
+        # either would read it, so neither can be served, nor claims to be.
+        assert not points[before].snapshot_available and not points[before].files_rewindable
+        assert not points[big].snapshot_available and not points[big].files_rewindable
+        for target in (before, big):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.rewind(sid, target, FILES)
+            info = error_info(err.value)
+            assert info.reason == "SNAPSHOT_UNAVAILABLE", target
+            assert info.metadata["snapshot_state"] == "too_large"
+        assert read(cwd / "small.txt") == "u\n", "nothing restored"
+
+
+async def test_a_hostile_workspace_runs_nothing_and_touches_nothing_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target.txt").write_text("outside\n")
+    marker = tmp_path / "ran"
+    async with serve(tmp_path / "state", workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        git = cwd / ".git"
+        (git / "hooks").mkdir(parents=True)
+        script = f"#!/bin/sh\ntouch {marker}\n"
+        for hook in ("pre-commit", "post-checkout", "post-index-change", "fsmonitor-watchman"):
+            path = git / "hooks" / hook
+            path.write_text(script)
+            path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        (git / "config").write_text(
+            f"[core]\n\tfsmonitor = sh -c 'touch {marker}'\n\thooksPath = hooks\n"
+            f"[filter \"x\"]\n\tclean = sh -c 'touch {marker}; cat'\n\tsmudge = sh -c 'touch {marker}; cat'\n"
+        )
+        (cwd / ".gitattributes").write_text("* filter=x\n")
+        os.symlink(outside, cwd / "out")
+        os.symlink(outside / "target.txt", cwd / "link.txt")
+        point = prompt_id(await c.prompt(sid, "write a.txt one"))
+        await c.prompt(
+            sid, "bash rm out link.txt && mkdir out && echo inside > out/target.txt\nwrite a.txt two"
+        )
+        result = await c.rewind(sid, point, FILES)
+        assert result.files.source == SNAPSHOT
+        assert os.readlink(cwd / "out") == str(outside) and os.readlink(cwd / "link.txt") == str(
+            outside / "target.txt"
+        ), "the links come back as links"
+        assert (outside / "target.txt").read_text() == "outside\n", "nothing written through them"
+        assert sorted(p.name for p in outside.iterdir()) == ["target.txt"]
+        assert not marker.exists(), "no hook, filter or fsmonitor ran"
+
+
+async def test_without_snapshots_the_clis_checkpoints_serve(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c, workspace_snapshots=False)
+        point = prompt_id(await c.prompt(sid, "write a.txt one"))
+        await c.prompt(sid, "write a.txt two")
+        assert not (await c.points(sid)).points[0].snapshot_available
+        result = await c.rewind(sid, point, FILES)
+        assert result.files.source == CHECKPOINT
+        assert read(cwd / "a.txt") is None
+    async with serve(tmp_path / "off", workspace_snapshots=False) as c:
+        session = await c.create()
+        assert not session.workspace_snapshots, "the server's default"
+
+
+async def test_snapshot_bytes_are_reported_and_both_mode_cuts_the_conversation_too(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        await c.prompt(sid, "say hello")
+        point = prompt_id(await c.prompt(sid, "bash echo one > s.txt"))
+        await c.prompt(sid, "bash echo two > s.txt")
+        assert (await c.get(sid)).snapshot_bytes > 0
+        result = await c.rewind(sid, point, BOTH)
+        assert result.files.source == SNAPSHOT and result.conversation.rewound
+        assert read(cwd / "s.txt") is None
+        assert await c.recall(sid) == ["say hello", "recall"]
+
+
+async def test_a_crash_in_a_snapshot_rewind_is_finished_by_the_restart(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "state")
+    try:
+        await server.start(fault="rewind.files_restored")
+        c = client_of(server)
+        session = await c.create(options=_bash_allowed())
+        sid, cwd = session.session_id, Path(session.cwd)
+        point = prompt_id(await c.prompt(sid, "bash echo one > s.txt"))
+        await c.prompt(sid, "bash echo two > s.txt && echo x > extra.txt")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await c.rewind(sid, point, FILES)
+        assert await server.wait() == -9
+        await server.start()
+        c = client_of(server)
+        assert read(cwd / "s.txt") is None and read(cwd / "extra.txt") is None
+        events = await c.events(sid)
+        assert len(events) == 1 and events[0].files.source == SNAPSHOT
+    finally:
+        await server.close()
+
+
+async def test_a_caller_hanging_up_mid_restore_does_not_cut_it_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restoring = threading.Event()
+    original = SnapshotStore.restore
+
+    def slow_restore(self: SnapshotStore, *args: Any, **kwargs: Any) -> None:
+        restoring.set()
+        time.sleep(0.5)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SnapshotStore, "restore", slow_restore)
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        await c.prompt(sid, "bash echo one > s.txt")
+        point = prompt_id(await c.prompt(sid, "bash echo two > s.txt"))
+        await c.prompt(sid, "bash echo three > s.txt")
+        rid = str(uuid.uuid4())
+        call = asyncio.ensure_future(c.rewind(sid, point, FILES, request_id=rid))
+        assert await asyncio.to_thread(restoring.wait, 10)
+        call.cancel()  # the caller hangs up while the files are being restored
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        result = await asyncio.wait_for(c.rewind(sid, point, FILES, request_id=rid), 10)
+        assert result.files.source == SNAPSHOT and result.files.can_rewind
+        assert read(cwd / "s.txt") == "one\n"
+        assert len(await c.events(sid)) == 1, "applied once"
