@@ -68,6 +68,23 @@ def _mode_arg(text: str) -> rewind_pb2.RewindMode.ValueType:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+# `rewind --conflicts`: what a files rewind does with a path also changed outside the agent.
+CONFLICT_POLICIES: dict[str, rewind_pb2.ConflictPolicy.ValueType] = {
+    "refuse": rewind_pb2.CONFLICT_POLICY_REFUSE,
+    "skip": rewind_pb2.CONFLICT_POLICY_SKIP,
+    "overwrite": rewind_pb2.CONFLICT_POLICY_OVERWRITE,
+}
+
+
+def _conflicts_arg(text: str) -> rewind_pb2.ConflictPolicy.ValueType:
+    try:
+        return CONFLICT_POLICIES[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"not a conflict policy: {text!r} (choose from {', '.join(CONFLICT_POLICIES)})"
+        ) from None
+
+
 def _permission_arg(text: str) -> Permission:
     try:
         return Permission(text.strip().lower())
@@ -193,6 +210,8 @@ def _points(args: argparse.Namespace, client: Client, out: TextIO) -> int:
 
 
 def _rewind(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    if args.diff and not args.dry_run:
+        raise UsageError("--diff needs --dry-run: only a preview shows what a rewind would change")
     result = client.rewind(
         args.session_id,
         args.message_id,
@@ -200,6 +219,8 @@ def _rewind(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         dry_run=args.dry_run,
         expected_last_message_id=args.expect_last,
         request_id=args.request_id or "",
+        conflict_policy=args.conflicts,
+        include_diff=args.diff,
     )
     _print(
         out, to_json(result) if args.json else format_rewind_result(result, args.mode, dry_run=args.dry_run)
@@ -445,6 +466,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode", type=_mode_arg, required=True, metavar="|".join(MODES), help="what to restore"
     )
     rewind.add_argument("--dry-run", action="store_true", help="preview: apply nothing")
+    rewind.add_argument(
+        "--diff",
+        action="store_true",
+        help="with --dry-run: also print each path's change and its unified diff",
+    )
+    rewind.add_argument(
+        "--conflicts",
+        type=_conflicts_arg,
+        default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        metavar="|".join(CONFLICT_POLICIES),
+        help="what to do with a path also changed outside the agent: refuse the files half "
+        "(the default), skip the path, or overwrite the outside change",
+    )
     rewind.add_argument(
         "--expect-last", metavar="ID", default=None, help="refuse unless this is still the newest message"
     )

@@ -207,10 +207,21 @@ class Client:
         dry_run: bool = False,
         expected_last_message_id: str | None = None,
         request_id: str = "",
+        conflict_policy: rewind_pb2.ConflictPolicy.ValueType = rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        include_diff: bool = False,
     ) -> rewind_pb2.RewindResult:
-        """DryRun (applies nothing) or Rewind."""
+        """DryRun (applies nothing) or Rewind.
+
+        `conflict_policy`: what the files half does with a path also changed outside the agent
+        (unspecified: refuse). `include_diff`: a DryRun also returns each path's unified diff (a
+        Rewind ignores it)."""
         request = rewind_service_pb2.RewindRequest(
-            session_id=session_id, message_id=message_id, mode=mode, request_id=request_id
+            session_id=session_id,
+            message_id=message_id,
+            mode=mode,
+            request_id=request_id,
+            conflict_policy=conflict_policy,
+            include_diff=include_diff,
         )
         if expected_last_message_id is not None:
             request.expected_last_message_id = expected_last_message_id

@@ -55,6 +55,21 @@ def yes_no(value: bool) -> str:
     return "yes" if value else "no"
 
 
+_SIZE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_size(size: int) -> str:
+    """Bytes in binary units to one decimal: `512 B`, `1.5 KiB`, `12.0 MiB`."""
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in _SIZE_UNITS:
+        value /= 1024
+        if round(value, 1) < 1024 or unit == _SIZE_UNITS[-1]:
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = ()) -> str:
     """Columns two spaces apart under their headers; the columns in `right` are right-aligned."""
     widths = [len(h) for h in headers]
@@ -104,6 +119,13 @@ def _whole(value: Any) -> Any:
 # --- sessions -----------------------------------------------------------------------------------
 
 
+def _snapshots(session: session_pb2.Session) -> str:
+    """Whether the session takes workspace snapshots, and what they hold on disk."""
+    if not session.workspace_snapshots and not session.snapshot_bytes:
+        return "no"
+    return f"{yes_no(session.workspace_snapshots)}, {format_size(session.snapshot_bytes)} on disk"
+
+
 def format_session(session: session_pb2.Session) -> str:
     options = struct_to_text(session.options) if session.options.fields else "{}"
     return _key_values(
@@ -114,6 +136,7 @@ def format_session(session: session_pb2.Session) -> str:
             ("turns", str(session.turn_count)),
             ("last_message_id", session.last_message_id or "-"),
             ("file_checkpointing", yes_no(session.file_checkpointing)),
+            ("snapshots", _snapshots(session)),
             ("created", format_time(session.create_time)),
             ("updated", format_time(session.update_time)),
             ("options", options),
@@ -129,13 +152,17 @@ def format_sessions(sessions: Sequence[session_pb2.Session]) -> str:
             s.session_id,
             state_name(s.state),
             str(s.turn_count),
+            # What the session's workspace snapshots hold; `-` for a session that takes none.
+            format_size(s.snapshot_bytes) if s.workspace_snapshots or s.snapshot_bytes else "-",
             s.last_message_id or "-",
             s.cwd,
             format_time(s.update_time),
         ]
         for s in sessions
     ]
-    return format_table(["SESSION", "STATE", "TURNS", "LAST MESSAGE", "CWD", "UPDATED"], rows, right=[2])
+    return format_table(
+        ["SESSION", "STATE", "TURNS", "SNAPSHOTS", "LAST MESSAGE", "CWD", "UPDATED"], rows, right=[2, 3]
+    )
 
 
 # --- rewind points ------------------------------------------------------------------------------
@@ -151,12 +178,15 @@ def format_points(points: Sequence[rewind_pb2.RewindPoint], last_message_id: str
             p.message_id,
             p.resume_at_message_id or "-",
             yes_no(p.files_rewindable),
+            yes_no(p.snapshot_available),
             format_time(p.create_time),
             one_line(p.text, PREVIEW),
         ]
         for p in points
     ]
-    table = format_table(["#", "MESSAGE_ID", "RESUME_AT", "FILES", "CREATED", "TEXT"], rows, right=[0])
+    table = format_table(
+        ["#", "MESSAGE_ID", "RESUME_AT", "FILES", "SNAPSHOT", "CREATED", "TEXT"], rows, right=[0]
+    )
     return f"{table}\n{footer}"
 
 
@@ -250,6 +280,55 @@ def _refusal_lines(half: str, can_rewind: bool, refusal: rewind_pb2.Refusal, pad
     return lines
 
 
+_SOURCES = {
+    rewind_pb2.FILES_SOURCE_SNAPSHOT: "from the workspace snapshot",
+    rewind_pb2.FILES_SOURCE_CHECKPOINT: "from the CLI's checkpoints",
+}
+_RESOLUTIONS = {
+    rewind_pb2.CONFLICT_RESOLUTION_REFUSED: "refused (the files half is refused: nothing is applied)",
+    rewind_pb2.CONFLICT_RESOLUTION_SKIPPED: "skipped (left as it is)",
+    rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN: "overwritten (restored; the external change is lost)",
+}
+_CHANGES = {
+    rewind_pb2.FILE_CHANGE_ADDED: "added",
+    rewind_pb2.FILE_CHANGE_MODIFIED: "modified",
+    rewind_pb2.FILE_CHANGE_DELETED: "deleted",
+}
+
+
+def _conflict_lines(conflicts: Sequence[rewind_pb2.FileConflict], pad: str) -> list[str]:
+    """The paths also changed outside the agent, and what happened (or would happen) to each."""
+    if not conflicts:
+        return []
+    noun = "conflict" if len(conflicts) == 1 else "conflicts"
+    lines = [f"{pad}{len(conflicts)} {noun} (also changed outside the agent):"]
+    lines.extend(
+        f"{pad}  {c.path}: {_RESOLUTIONS.get(c.resolution, 'unknown resolution')}" for c in conflicts
+    )
+    return lines
+
+
+def _diff_lines(files: rewind_pb2.FilesRewindResult, pad: str) -> list[str]:
+    """Each path's change and its unified diff, the diff indented under it."""
+    lines: list[str] = []
+    for i, diff in enumerate(files.diffs):
+        key = "diffs" if i == 0 else ""
+        head = f"{key:<17}{_CHANGES.get(diff.change, 'changed')} {diff.path}"
+        if diff.binary:
+            lines.append(f"{head}: binary file, no diff")
+            continue
+        lines.append(head)
+        # Split at newlines only, and kept as they are, trailing whitespace included: it may be the change.
+        body = diff.unified_diff.removesuffix("\n")
+        lines.extend(f"{pad}  {line}" for line in (body.split("\n") if body else []))
+        if diff.truncated:
+            lines.append(f"{pad}  … (this diff is cut at the service's size bound)")
+    if files.diffs_truncated:
+        key = "" if files.diffs else "diffs"
+        lines.append(f"{key:<17}… (diffs of further paths left out: the service's size bound was reached)")
+    return lines
+
+
 def _wants(mode: rewind_pb2.RewindMode.ValueType) -> tuple[bool, bool]:
     """Which halves (files, conversation) a mode asks for."""
     name = mode_name(mode)
@@ -259,7 +338,8 @@ def _wants(mode: rewind_pb2.RewindMode.ValueType) -> tuple[bool, bool]:
 def format_rewind_result(
     result: rewind_pb2.RewindResult, mode: rewind_pb2.RewindMode.ValueType, *, dry_run: bool
 ) -> str:
-    """Both halves of a DryRun or Rewind result, then the rewind id and the newest message id."""
+    """Both halves of a DryRun or Rewind result (for files: what serves them, and the paths also
+    changed outside the agent), then the rewind id, the newest message id and any diffs."""
     want_files, want_conversation = _wants(mode)
     pad = " " * 17
     lines: list[str] = []
@@ -269,14 +349,19 @@ def format_rewind_result(
         lines.append(f"{'files':<17}not requested")
     elif files.refusal.reason:
         lines.extend(_refusal_lines("files", files.can_rewind, files.refusal, pad))
+        if files.source in _SOURCES:
+            lines.append(f"{pad}{_SOURCES[files.source]}")
+        lines.extend(_conflict_lines(files.conflicts, pad))
     else:
         changed = len(files.files_changed)
         noun = "file" if changed == 1 else "files"
+        source = f" · {_SOURCES[files.source]}" if files.source in _SOURCES else ""
         lines.append(
             f"{'files':<17}can_rewind: {yes_no(files.can_rewind)} · {changed} {noun} changed"
-            f" (+{files.insertions} -{files.deletions}) · skipped links: {files.skipped_links}"
+            f" (+{files.insertions} -{files.deletions}) · skipped links: {files.skipped_links}{source}"
         )
         lines.extend(f"{pad}  {path}" for path in files.files_changed)
+        lines.extend(_conflict_lines(files.conflicts, pad))
 
     conv = result.conversation
     if not (conv.requested or want_conversation):
@@ -292,6 +377,8 @@ def format_rewind_result(
     rewind_id = result.rewind_id or ("- (dry run: nothing was applied)" if dry_run else "-")
     lines.append(f"{'rewind_id':<17}{rewind_id}")
     lines.append(f"{'last_message_id':<17}{result.last_message_id or '-'}")
+    # Last, so that the summary stays together however long the diffs are.
+    lines.extend(_diff_lines(files, pad))
     return "\n".join(lines)
 
 

@@ -124,9 +124,18 @@ class Rewinds(rewind_service_pb2_grpc.RewindServiceServicer):
 
     def DryRun(self, request: Any, context: Any) -> rewind_pb2.RewindResult:  # noqa: N802
         self.requests.append(("DryRun", request))
-        return rewind_pb2.RewindResult(
-            files=rewind_pb2.FilesRewindResult(can_rewind=True, requested=True), last_message_id="last-1"
-        )
+        files = rewind_pb2.FilesRewindResult(can_rewind=True, requested=True)
+        if request.include_diff:
+            files.source = rewind_pb2.FILES_SOURCE_SNAPSHOT
+            files.files_changed.append("a.txt")
+            files.diffs.append(
+                rewind_pb2.FileDiff(
+                    path="a.txt",
+                    change=rewind_pb2.FILE_CHANGE_MODIFIED,
+                    unified_diff="--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-new\n+old\n",
+                )
+            )
+        return rewind_pb2.RewindResult(files=files, last_message_id="last-1")
 
     def Rewind(self, request: Any, context: Any) -> rewind_pb2.RewindResult:  # noqa: N802
         self.requests.append(("Rewind", request))
@@ -286,8 +295,8 @@ def test_points_table_and_footer(
     assert main(["--server", address, "points", SID, "--page-size", "5"]) == 0
     assert rewinds.requests[0].page_size == 5
     assert capsys.readouterr().out.splitlines() == [
-        "#  MESSAGE_ID  RESUME_AT  FILES  CREATED  TEXT",
-        "0  p0          -          yes    -        hi",
+        "#  MESSAGE_ID  RESUME_AT  FILES  SNAPSHOT  CREATED  TEXT",
+        "0  p0          -          yes    no        -        hi",
         "last_message_id: last-1",
     ]
 
@@ -301,7 +310,107 @@ def test_dry_run_calls_dry_run_with_the_mode(
     assert method == "DryRun"
     assert request.mode == rewind_pb2.REWIND_MODE_FILES
     assert not request.HasField("expected_last_message_id")
+    # Without --conflicts and --diff: the server's default policy (refuse), and no diffs.
+    assert request.conflict_policy == rewind_pb2.CONFLICT_POLICY_UNSPECIFIED
+    assert not request.include_diff
     assert "rewind_id        - (dry run: nothing was applied)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flag", "policy"),
+    [
+        ("refuse", rewind_pb2.CONFLICT_POLICY_REFUSE),
+        ("skip", rewind_pb2.CONFLICT_POLICY_SKIP),
+        ("overwrite", rewind_pb2.CONFLICT_POLICY_OVERWRITE),
+        ("Overwrite", rewind_pb2.CONFLICT_POLICY_OVERWRITE),
+    ],
+)
+def test_conflicts_sets_the_conflict_policy(
+    flag: str, policy: int, server: tuple[str, Sessions, Rewinds]
+) -> None:
+    address, _, rewinds = server
+    assert (
+        main(["--server", address, "rewind", SID, "p0", "--mode", "files", "--dry-run", "--conflicts", flag])
+        == 0
+    )
+    ((method, request),) = rewinds.requests
+    assert method == "DryRun"
+    assert request.conflict_policy == policy
+
+
+def test_conflicts_reaches_an_applied_rewind_too(server: tuple[str, Sessions, Rewinds]) -> None:
+    address, _, rewinds = server
+    assert main(["--server", address, "rewind", SID, "p0", "--mode", "both", "--conflicts", "skip"]) == 1
+    ((method, request),) = rewinds.requests
+    assert (method, request.conflict_policy, request.include_diff) == (
+        "Rewind",
+        rewind_pb2.CONFLICT_POLICY_SKIP,
+        False,
+    )
+
+
+def test_an_unknown_conflict_policy_is_a_usage_error(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server", address, "rewind", SID, "p0", "--mode", "files", "--conflicts", "merge"])
+    assert exit_info.value.code == 2
+    assert (
+        "argument --conflicts: not a conflict policy: 'merge' (choose from refuse, skip, overwrite)"
+        in capsys.readouterr().err
+    )
+    assert rewinds.requests == []
+
+
+def test_diff_with_dry_run_asks_for_diffs_and_prints_them(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    assert main(["--server", address, "rewind", SID, "p0", "--mode", "files", "--dry-run", "--diff"]) == 0
+    ((method, request),) = rewinds.requests
+    assert (method, request.include_diff) == ("DryRun", True)
+    assert capsys.readouterr().out.splitlines() == [
+        "files            can_rewind: yes · 1 file changed (+0 -0) · skipped links: 0"
+        " · from the workspace snapshot",
+        "                   a.txt",
+        "conversation     not requested",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  last-1",
+        "diffs            modified a.txt",
+        "                   --- a/a.txt",
+        "                   +++ b/a.txt",
+        "                   @@ -1 +1 @@",
+        "                   -new",
+        "                   +old",
+    ]
+
+
+def test_diff_json_prints_the_diffs_and_the_source(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, _ = server
+    assert (
+        main(["--server", address, "--json", "rewind", SID, "p0", "--mode", "files", "--dry-run", "--diff"])
+        == 0
+    )
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert files["source"] == "FILES_SOURCE_SNAPSHOT"
+    assert [(d["path"], d["change"]) for d in files["diffs"]] == [("a.txt", "FILE_CHANGE_MODIFIED")]
+    assert files["conflicts"] == [] and files["diffs_truncated"] is False
+
+
+def test_diff_without_dry_run_is_a_usage_error_and_calls_nothing(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server", address, "rewind", SID, "p0", "--mode", "files", "--diff"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "agent-rewind rewind: error: --diff needs --dry-run: only a preview shows what a rewind would change"
+    )
+    assert rewinds.requests == []
 
 
 def test_rewind_conflict_shows_the_actual_last_message(

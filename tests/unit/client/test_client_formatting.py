@@ -17,6 +17,7 @@ from agent_rewind.client import (
     format_rewind_result,
     format_session,
     format_sessions,
+    format_size,
     format_table,
     format_time,
     format_turn_event,
@@ -53,6 +54,18 @@ def test_one_line_marks_newlines_and_cuts_with_an_ellipsis() -> None:
 def test_time_is_utc_iso_and_unset_is_a_dash() -> None:
     assert format_time(TS) == "2025-11-29T23:11:05Z"
     assert format_time(timestamp_pb2.Timestamp()) == "-"
+
+
+def test_sizes_are_binary_units_to_one_decimal() -> None:
+    assert [format_size(n) for n in (0, 1023, 1024, 1536, 10 * 1024**2, 1024**2 - 1, 3 * 1024**6)] == [
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "1.5 KiB",
+        "10.0 MiB",
+        "1.0 MiB",
+        "3072.0 PiB",
+    ]
 
 
 def test_durations() -> None:
@@ -232,20 +245,47 @@ def test_session_block() -> None:
         "turns               3",
         "last_message_id     m-9",
         "file_checkpointing  yes",
+        "snapshots           no",
         "created             2025-11-29T23:11:05Z",
         "updated             2025-11-29T23:11:05Z",
         'options             {"max_turns": 5, "model": "x"}',
     ]
 
 
+def test_session_block_shows_what_its_workspace_snapshots_hold() -> None:
+    def snapshots_line(**fields: Any) -> str:
+        (line,) = [x for x in format_session(session_pb2.Session(**fields)).splitlines() if "snapshots" in x]
+        return line
+
+    assert snapshots_line(workspace_snapshots=True, snapshot_bytes=3 * 1024**2 // 2) == (
+        "snapshots           yes, 1.5 MiB on disk"
+    )
+    assert snapshots_line(workspace_snapshots=True) == "snapshots           yes, 0 B on disk"
+    # Snapshots off, but some still kept: still counted.
+    assert snapshots_line(snapshot_bytes=2048) == "snapshots           no, 2.0 KiB on disk"
+
+
 def test_sessions_table() -> None:
     closed = session_pb2.Session(
         session_id="b", state=session_pb2.SESSION_STATE_CLOSED, turn_count=12, cwd="/w/b"
     )
-    assert format_sessions([make_session(), closed]).splitlines() == [
-        "SESSION                               STATE   TURNS  LAST MESSAGE  CWD   UPDATED",
-        f"{SID}  IDLE        3  m-9           /w/a  2025-11-29T23:11:05Z",
-        "b                                     CLOSED     12  -             /w/b  -",
+    snapshotted = session_pb2.Session(
+        session_id="c",
+        state=session_pb2.SESSION_STATE_HIBERNATED,
+        turn_count=2,
+        cwd="/w/c",
+        workspace_snapshots=True,
+        snapshot_bytes=5 * 1024**3 // 4,
+    )
+    fresh = session_pb2.Session(
+        session_id="d", state=session_pb2.SESSION_STATE_IDLE, workspace_snapshots=True
+    )
+    assert format_sessions([make_session(), closed, snapshotted, fresh]).splitlines() == [
+        "SESSION                               STATE       TURNS  SNAPSHOTS  LAST MESSAGE  CWD   UPDATED",
+        f"{SID}  IDLE            3          -  m-9           /w/a  2025-11-29T23:11:05Z",
+        "b                                     CLOSED         12          -  -             /w/b  -",
+        "c                                     HIBERNATED      2    1.2 GiB  -             /w/c  -",
+        "d                                     IDLE            0        0 B  -                   -",
     ]
     assert format_sessions([]) == "no sessions"
 
@@ -258,16 +298,17 @@ def test_points_table_with_the_last_message_footer() -> None:
             index=0,
             create_time=TS,
             files_rewindable=True,
+            snapshot_available=True,
         ),
         rewind_pb2.RewindPoint(
             message_id="p1", resume_at_message_id="a0", text="edit", index=1, create_time=TS
         ),
     ]
     assert format_points(points, "last").splitlines() == [
-        "#  MESSAGE_ID  RESUME_AT  FILES  CREATED               TEXT",
-        "0  p0          -          yes    2025-11-29T23:11:05Z  "
+        "#  MESSAGE_ID  RESUME_AT  FILES  SNAPSHOT  CREATED               TEXT",
+        "0  p0          -          yes    yes       2025-11-29T23:11:05Z  "
         "write notes.txt first draft ⏎ write todo.txt buy milk ⏎ say…",
-        "1  p1          a0         no     2025-11-29T23:11:05Z  edit",
+        "1  p1          a0         no     no        2025-11-29T23:11:05Z  edit",
         "last_message_id: last",
     ]
     assert format_points([], "") == "no rewind points\nlast_message_id: -"
@@ -338,6 +379,122 @@ def test_unspecified_mode_shows_the_files_half() -> None:
     ]
 
 
+def test_files_served_by_the_workspace_snapshot_with_conflicts_and_diffs() -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(
+            can_rewind=True,
+            files_changed=["notes.txt", "logo.png", "extra.txt"],
+            insertions=1,
+            deletions=2,
+            requested=True,
+            source=rewind_pb2.FILES_SOURCE_SNAPSHOT,
+            conflicts=[
+                rewind_pb2.FileConflict(path="todo.txt", resolution=rewind_pb2.CONFLICT_RESOLUTION_SKIPPED),
+                rewind_pb2.FileConflict(
+                    path="notes.txt", resolution=rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN
+                ),
+            ],
+            diffs=[
+                rewind_pb2.FileDiff(
+                    path="notes.txt",
+                    change=rewind_pb2.FILE_CHANGE_MODIFIED,
+                    unified_diff="--- a/notes.txt\n+++ b/notes.txt\n@@ -1 +1 @@\n-second draft \n+first draft\n",
+                ),
+                rewind_pb2.FileDiff(path="logo.png", change=rewind_pb2.FILE_CHANGE_ADDED, binary=True),
+                rewind_pb2.FileDiff(
+                    path="extra.txt",
+                    change=rewind_pb2.FILE_CHANGE_DELETED,
+                    unified_diff="--- a/extra.txt\n+++ /dev/null\n@@ -1,900 +0,0 @@\n-line 1",
+                    truncated=True,
+                ),
+            ],
+            diffs_truncated=True,
+        ),
+        last_message_id="a0",
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_FILES, dry_run=True).splitlines() == [
+        "files            can_rewind: yes · 3 files changed (+1 -2) · skipped links: 0"
+        " · from the workspace snapshot",
+        "                   notes.txt",
+        "                   logo.png",
+        "                   extra.txt",
+        "                 2 conflicts (also changed outside the agent):",
+        "                   todo.txt: skipped (left as it is)",
+        "                   notes.txt: overwritten (restored; the external change is lost)",
+        "conversation     not requested",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  a0",
+        "diffs            modified notes.txt",
+        "                   --- a/notes.txt",
+        "                   +++ b/notes.txt",
+        "                   @@ -1 +1 @@",
+        "                   -second draft ",  # trailing whitespace kept: it may be the change
+        "                   +first draft",
+        "                 added logo.png: binary file, no diff",
+        "                 deleted extra.txt",
+        "                   --- a/extra.txt",
+        "                   +++ /dev/null",
+        "                   @@ -1,900 +0,0 @@",
+        "                   -line 1",
+        "                   … (this diff is cut at the service's size bound)",
+        "                 … (diffs of further paths left out: the service's size bound was reached)",
+    ]
+
+
+def test_files_from_the_cli_checkpoints_without_diffs_add_nothing_but_the_source() -> None:
+    result = rewind_pb2.RewindResult(
+        rewind_id="rw-2",
+        files=rewind_pb2.FilesRewindResult(
+            can_rewind=True,
+            files_changed=["/w/a.txt"],
+            insertions=3,
+            requested=True,
+            source=rewind_pb2.FILES_SOURCE_CHECKPOINT,
+        ),
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_FILES, dry_run=False).splitlines() == [
+        "files            can_rewind: yes · 1 file changed (+3 -0) · skipped links: 0"
+        " · from the CLI's checkpoints",
+        "                   /w/a.txt",
+        "conversation     not requested",
+        "rewind_id        rw-2",
+        "last_message_id  -",
+    ]
+
+
+def test_files_refused_for_external_changes_lists_the_conflicts_and_the_source() -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(
+            requested=True,
+            source=rewind_pb2.FILES_SOURCE_SNAPSHOT,
+            refusal=rewind_pb2.Refusal(reason="EXTERNAL_CHANGES", message="1 path changed outside"),
+            conflicts=[
+                rewind_pb2.FileConflict(path="notes.txt", resolution=rewind_pb2.CONFLICT_RESOLUTION_REFUSED)
+            ],
+        ),
+        conversation=rewind_pb2.ConversationRewindResult(can_rewind=True, messages_dropped=2, requested=True),
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_BOTH, dry_run=True).splitlines() == [
+        "files            can_rewind: no · refused EXTERNAL_CHANGES: 1 path changed outside",
+        "                 from the workspace snapshot",
+        "                 1 conflict (also changed outside the agent):",
+        "                   notes.txt: refused (the files half is refused: nothing is applied)",
+        "conversation     can_rewind: yes · rewound: no · messages dropped: 2",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  -",
+    ]
+
+
+def test_diffs_cut_before_the_first_path_still_say_so() -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(can_rewind=True, requested=True, diffs_truncated=True)
+    )
+    lines = format_rewind_result(result, rewind_pb2.REWIND_MODE_FILES, dry_run=True).splitlines()
+    assert lines[-1] == (
+        "diffs            … (diffs of further paths left out: the service's size bound was reached)"
+    )
+
+
 def test_capabilities_block() -> None:
     caps = rewind_pb2.Capabilities(
         modes=[
@@ -353,6 +510,7 @@ def test_capabilities_block() -> None:
         cli_version="2.1.327",
         model_backend="offline",
         max_live_sessions=14,
+        workspace_snapshots=True,
         authentication=True,
     )
     assert format_capabilities(caps).splitlines() == [
@@ -365,7 +523,7 @@ def test_capabilities_block() -> None:
         "events                  no",
         "model_backend           offline",
         "max_live_sessions       14",
-        "workspace_snapshots     no",
+        "workspace_snapshots     yes",
         "authentication          yes",
     ]
 
@@ -390,3 +548,42 @@ def test_json_uses_proto_field_names_and_shows_defaults() -> None:
         "prompt_rewind": False,
     }
     assert "\n" not in to_json(make_session(), compact=True)
+
+
+def test_json_carries_the_snapshot_fields() -> None:
+    result = json.loads(
+        to_json(
+            rewind_pb2.RewindResult(
+                files=rewind_pb2.FilesRewindResult(
+                    source=rewind_pb2.FILES_SOURCE_SNAPSHOT,
+                    conflicts=[
+                        rewind_pb2.FileConflict(
+                            path="a.txt", resolution=rewind_pb2.CONFLICT_RESOLUTION_SKIPPED
+                        )
+                    ],
+                    diffs=[
+                        rewind_pb2.FileDiff(
+                            path="b.txt", change=rewind_pb2.FILE_CHANGE_ADDED, unified_diff="+x\n"
+                        )
+                    ],
+                    diffs_truncated=True,
+                )
+            )
+        )
+    )["files"]
+    assert result["source"] == "FILES_SOURCE_SNAPSHOT"
+    assert result["conflicts"] == [{"path": "a.txt", "resolution": "CONFLICT_RESOLUTION_SKIPPED"}]
+    assert result["diffs"] == [
+        {
+            "path": "b.txt",
+            "change": "FILE_CHANGE_ADDED",
+            "unified_diff": "+x\n",
+            "binary": False,
+            "truncated": False,
+        }
+    ]
+    assert result["diffs_truncated"] is True
+    point = json.loads(to_json(rewind_pb2.RewindPoint(snapshot_available=True)))
+    assert point["snapshot_available"] is True
+    session = json.loads(to_json(session_pb2.Session(workspace_snapshots=True, snapshot_bytes=2048)))
+    assert (session["workspace_snapshots"], session["snapshot_bytes"]) == (True, "2048")
