@@ -12,11 +12,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import events, memory, overhead, points, rewind
+from benchmarks import events, memory, overhead, points, rewind, snapshots
 from benchmarks.common import Report, machine
 from benchmarks.docs import DOC, update_results
 
-BENCHMARKS = ("points", "rewind", "memory", "events", "overhead")
+BENCHMARKS = ("points", "rewind", "memory", "events", "overhead", "snapshots")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             work / "events", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 10
         ),
         "overhead": lambda: overhead.run(work / "overhead", quick=args.quick),
+        "snapshots": lambda: snapshots.run(work / "snapshots", quick=args.quick),
     }
     reports: list[Report] = []
     started = time.monotonic()

@@ -111,7 +111,9 @@ def _p(values: list[float], q: float) -> float:
 
 async def _session(server: ServerProcess) -> tuple[str, list[str]]:
     assert server.sessions is not None
-    session = await server.sessions.CreateSession(session_service_pb2.CreateSessionRequest())
+    session = await server.sessions.CreateSession(
+        session_service_pb2.CreateSessionRequest(workspace_snapshots=False)
+    )
     ids = []
     for text in ("write a.txt v0", "edit a.txt v0 => v1\nwrite b.txt bee"):
         call = server.sessions.Prompt(

@@ -435,7 +435,9 @@ class RemoteSession:
 
 async def _remote_session(server: ServerProcess) -> RemoteSession:
     assert server.sessions is not None
-    created = await server.sessions.CreateSession(session_service_pb2.CreateSessionRequest())
+    created = await server.sessions.CreateSession(
+        session_service_pb2.CreateSessionRequest(workspace_snapshots=False)
+    )
     session = RemoteSession(server, str(created.session_id), Path(created.cwd))
     await _remote_prompt(session, PING)
     return session

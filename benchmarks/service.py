@@ -65,9 +65,11 @@ class Client:
     rewinds: rewind_service_pb2_grpc.RewindServiceStub
     leftover: list[int] = field(default_factory=list)  # CLI processes alive after the server stopped
 
-    async def create(self) -> session_pb2.Session:
+    async def create(self, workspace_snapshots: bool = False) -> session_pb2.Session:
+        """A session; without workspace snapshots unless asked (the benchmarks of rewinds,
+        prompts and memory measure the service without them; `snapshots` measures them)."""
         session: session_pb2.Session = await self.sessions.CreateSession(
-            session_service_pb2.CreateSessionRequest()
+            session_service_pb2.CreateSessionRequest(workspace_snapshots=workspace_snapshots)
         )
         return session
 

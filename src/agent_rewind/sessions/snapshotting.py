@@ -20,7 +20,7 @@ from typing import TypeVar
 import structlog
 
 from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore
-from agent_rewind.store.ledger import Ledger, NewSnapshot, SnapshotRecord, now
+from agent_rewind.store.ledger import Ledger, NewSnapshot, SnapshotRecord
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +30,9 @@ TURN_START = "turn_start"
 TURN_END = "turn_end"
 REWIND_BEFORE = "rewind_before"
 REWIND_AFTER = "rewind_after"
+
+# Pruned snapshots a store collects at once (a repack), rather than one at every turn.
+COLLECT_AFTER = 16
 
 
 class Snapshots:
@@ -43,6 +46,8 @@ class Snapshots:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="snapshot")
         # Per session: its records, read from the ledger once, then kept in step.
         self._records: dict[str, list[SnapshotRecord]] = {}
+        # Per session: snapshots pruned since its store was last collected.
+        self._uncollected: dict[str, int] = {}
 
     def store(self, session_id: str, cwd: str) -> SnapshotStore:
         found = self._stores.get(session_id)
@@ -115,11 +120,17 @@ class Snapshots:
         if points <= 0 or len(starts) <= points:
             return
         keep_from = starts[-points].seq
-        if await self._ledger.prune_snapshots(session_id, keep_from):
-            self._records[session_id] = await self._ledger.snapshots(session_id)
+        pruned = await self._ledger.prune_snapshots(session_id, keep_from)
+        if not pruned:
+            return
+        self._records[session_id] = await self._ledger.snapshots(session_id)
+        # Collecting repacks the repository: do it once enough is unreachable, not every turn.
+        self._uncollected[session_id] = self._uncollected.get(session_id, 0) + pruned
+        if self._uncollected[session_id] >= COLLECT_AFTER:
             kept = [r.tree for r in self._records[session_id] if r.tree is not None]
             store = self.store(session_id, cwd)
             await self.run(lambda: store.keep_only(kept))
+            self._uncollected[session_id] = 0
 
     async def disk_bytes(self, session_id: str, cwd: str) -> int:
         if not (self.root / f"{session_id}.git").exists():
@@ -139,8 +150,3 @@ class Snapshots:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def record_now(session_id: str, kind: str, ref: str, snapshot: Snapshot) -> SnapshotRecord:
-    """A record for a snapshot that is not in the ledger (a dry run's view of now)."""
-    return SnapshotRecord(0, session_id, kind, ref, snapshot.tree, snapshot.complete, snapshot.reason, now())

@@ -1,0 +1,664 @@
+"""Benchmark 6: workspace snapshots, on generated workspaces of 1,000 and 20,000 files.
+
+Each workspace is generated here: `.gitignore`, `README.md`, `package.json` and source files of
+a few hundred bytes of code-like text, 20 to a directory, under `src/pkgNNN/modNNN/`, to the
+size wanted (every one of them is what a snapshot holds); plus a `node_modules/` tree of
+IGNORED files that the `.gitignore` names, so a snapshot must skip it. The same seed gives the
+same content. Four rows, each measured side by side in one run:
+
+1. `SnapshotStore.take()` after 3 files changed (rewritten, untimed), on the 1,000-file and the
+   20,000-file workspace, interleaved round by round; the first take of each (it hashes every
+   file) is timed once, untimed in the rounds. Checked: every take is complete and holds the
+   3 changes, the first one exactly the generated files. For what limits a take, in the same
+   rounds: the workspace scan alone (the two read-only git commands a take starts in parallel,
+   `diff-files` and `ls-files --others`).
+2. A turn that writes 3 files (3 `write` lines, each file WRITE_BYTES bytes, new content every
+   turn) through the real server, on a session with workspace snapshots on against one with
+   them off, each with a 20,000-file workspace of its own, interleaved. The difference of the
+   medians is what the turn's two snapshots (start and end, each recorded in the ledger) add.
+3. The disk those turns added to the snapshot-on session's repository (`snapshot_bytes`, the
+   repository's file sizes), per turn, against the bytes a turn wrote; split, from git's own
+   listing, into blobs, trees and the rest (the private index), and what the same objects would
+   take packed (`git pack-objects`, deltas among them).
+4. A files `Rewind` to a turn that wrote 3 new files, served from a snapshot (a session with
+   snapshots on) against one served from the CLI's checkpoints (snapshots off), on workspaces of
+   the same 1,000-file content, interleaved; after each rewind the turn is run again (untimed),
+   giving the next round its point. Every result must come from the source its row names.
+
+Set-up is untimed: the first turn with snapshots on (which hashes its whole workspace in the
+server's snapshot threads) runs while the other workspaces are generated; row 1 runs with the
+server up but idle. For what limits each row, the git processes one call starts (a take, a turn
+with snapshots on, each kind of rewind) are counted once each, untimed, after the rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+import random
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+from unittest import mock
+
+from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
+from agent_rewind.snapshots import Limits, SnapshotStore
+from agent_rewind.snapshots.git import Git
+from benchmarks.common import (
+    Measure,
+    Report,
+    Sample,
+    Samples,
+    Target,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    interleave,
+    ratio_target,
+    settle,
+    timed,
+)
+from benchmarks.service import FILES, Client, bench_config, serve
+
+T = TypeVar("T")
+
+SMALL, LARGE = 1_000, 20_000  # files a snapshot holds
+IGNORED = 3_000  # files under node_modules/, which the .gitignore names
+PER_DIR = 20  # source files per directory
+CHANGED = 3  # files changed before each take, written by each turn
+WRITE_BYTES = 1024  # each file a turn writes (rows 2 and 3)
+
+# The issue's targets.
+MAX_TAKE_S = 0.050  # 1. a take at LARGE files, 3 changed
+MAX_TAKE_GROWTH = 2.0  # 1. take at LARGE / take at SMALL
+MAX_TURN_COST_S = 2 * MAX_TAKE_S  # 2. what a turn's two snapshots add
+MAX_DISK_RATIO = 4.0  # 3. disk added per turn / bytes the turn wrote
+MAX_REWIND_RATIO = 2.0  # 4. files Rewind from a snapshot / from a CLI checkpoint
+
+TIMEOUT_S = 300.0
+SNAPSHOT = rewind_pb2.FILES_SOURCE_SNAPSHOT
+CHECKPOINT = rewind_pb2.FILES_SOURCE_CHECKPOINT
+# What `SnapshotStore.take` scans with, in parallel, before it hashes anything.
+SCAN = (("diff-files", "--name-only", "-z"), ("ls-files", "-z", "--others", "--exclude-standard"))
+TOP = {
+    ".gitignore": "node_modules/\n*.log\n",
+    "README.md": "# generated workspace\n\nA benchmark's workspace: source files under src/.\n",
+    "package.json": '{"name": "bench", "version": "1.0.0", "private": true}\n',
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    take_rounds: int
+    takes: int  # per size per round
+    turn_rounds: int
+    turns: int  # per side per round
+    rewind_rounds: int
+    budget_s: float  # each phase stops after this once 3 rounds are done
+
+    @classmethod
+    def of(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(4, 2, 3, 2, 3, 8.0)
+        return cls(15, 3, 10, 3, 15, 45.0)
+
+
+# --- generated workspaces -------------------------------------------------------------------------
+
+_VOCABULARY = (
+    "def", "return", "import", "from", "class", "self", "value", "result", "index", "items",
+    "config", "=", "(", ")", ":", "if", "else", "for", "in", "not", "None", "True", "False",
+    "raise", "with", "as", "async", "await", "path", "name", "data", "error", "count", "size",
+    "node", "tree", "+", "-", "0", "1", "2", "42", "len", "str", "int", "list", "dict", "key",
+    "line", "text", "file", "#", "TODO", "the", "a", "of", "to", "request", "session", "cache",
+)  # fmt: skip
+
+
+@functools.cache
+def _corpus() -> str:
+    """About 1 MB of code-like text, 10 words a line, from a fixed seed."""
+    words = random.Random(0).choices(_VOCABULARY, k=250_000)
+    return "\n".join(" ".join(words[i : i + 10]) for i in range(0, len(words), 10))
+
+
+def _text(rng: random.Random, size: int) -> str:
+    corpus = _corpus()
+    start = rng.randrange(len(corpus) - size)
+    return corpus[start : start + size]
+
+
+@dataclass
+class Workspace:
+    root: Path
+    files: list[str]  # what a snapshot holds: relative paths, the top files then src/ in order
+
+    def spread(self, count: int, n: int = CHANGED) -> list[str]:
+        """`n` source files far apart (different directories), a different set for each count."""
+        sources = self.files[len(TOP) :]
+        third = len(sources) // n
+        return [sources[k * third + count % third] for k in range(n)]
+
+    def new_paths(self, n: int = CHANGED) -> list[str]:
+        """`n` paths no generated file has, in directories far apart."""
+        return [f"{Path(p).parent.as_posix()}/written{k}.py" for k, p in enumerate(self.spread(0, n))]
+
+
+def generate(root: Path, files: int, seed: int) -> Workspace:
+    """A workspace of `files` files a snapshot holds (a few hundred bytes each) and IGNORED that it
+    must skip; the same seed, the same content."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    root = root.resolve()  # as the server resolves a session's cwd
+    top = str(root)
+
+    def write(path: str, text: str) -> None:  # plain os calls: 20,000 files in a few seconds
+        fd = os.open(os.path.join(top, path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    for name, content in TOP.items():
+        write(name, content)
+    paths = list(TOP)
+    sources = files - len(TOP)
+    side = math.ceil(math.sqrt(math.ceil(sources / PER_DIR)))
+    for i in range(sources):
+        leaf, j = divmod(i, PER_DIR)
+        directory = f"src/pkg{leaf // side:03d}/mod{leaf % side:03d}"
+        if j == 0:
+            os.makedirs(os.path.join(top, directory), exist_ok=True)
+        path = f"{directory}/file{j:02d}.py"
+        write(path, _text(rng, rng.randint(100, 500)) + "\n")
+        paths.append(path)
+    for i in range(IGNORED):
+        lib, j = divmod(i, 50)
+        directory = f"node_modules/lib{lib:03d}/dist"
+        if j == 0:
+            os.makedirs(os.path.join(top, directory), exist_ok=True)
+        write(f"{directory}/chunk{j:02d}.js", _text(rng, rng.randint(100, 500)) + "\n")
+    return Workspace(root, paths)
+
+
+# --- row 1: the store ----------------------------------------------------------------------------
+
+
+@dataclass
+class StoreSide:
+    size: int
+    workspace: Workspace
+    store: SnapshotStore
+    tree: str
+    first_s: float
+    rng: random.Random
+    count: int = 0
+
+
+def _store_side(work: Path, workspace: Workspace) -> StoreSide:
+    """A store on a generated workspace, after its first take (timed: it hashes every file)."""
+    size = len(workspace.files)
+    store = SnapshotStore(work / f"snapshots-{size}.git", workspace.root, Limits())
+    start = time.perf_counter()
+    first = store.take()
+    seconds = time.perf_counter() - start
+    if not first.complete or first.tree is None:
+        raise RuntimeError(f"the first snapshot of {size:,} files is incomplete: {first.reason}")
+    held = store.files(first.tree)
+    if sorted(held) != sorted(workspace.files):
+        raise RuntimeError(
+            f"the first snapshot holds {len(held):,} files, not the {size:,} generated "
+            f"(node_modules/ among them: {any(p.startswith('node_modules/') for p in held)})"
+        )
+    return StoreSide(size, workspace, store, first.tree, seconds, random.Random(size + 1))
+
+
+def _change(side: StoreSide) -> list[str]:
+    """Rewrites 3 files far apart (a few hundred bytes each, new content); returns them."""
+    side.count += 1
+    changed = side.workspace.spread(side.count)
+    for path in changed:
+        text = f"take {side.count}\n{_text(side.rng, side.rng.randint(100, 500))}\n"
+        (side.workspace.root / path).write_text(text)
+    return changed
+
+
+def _take_measure(side: StoreSide, takes: int) -> Measure:
+    async def measure() -> Sample:
+        out = []
+        for _ in range(takes):
+            changed = _change(side)  # untimed
+            start = time.perf_counter()
+            snap = side.store.take()
+            out.append(time.perf_counter() - start)
+            if not snap.complete or snap.tree is None:
+                raise RuntimeError(f"a snapshot of {side.size:,} files is incomplete: {snap.reason}")
+            seen = sorted(c.path for c in side.store.changes(side.tree, snap.tree))
+            if seen != sorted(changed):
+                raise RuntimeError(f"the snapshot holds changes to {seen}, not to {sorted(changed)}")
+            side.tree = snap.tree
+        return {f"take {side.size}": out}
+
+    return measure
+
+
+def _scan_measure(side: StoreSide) -> Measure:
+    """The scan a take starts with, alone: what bounds a take of few changes from below."""
+    git = side.store._git  # the store's sealed git: the same environment, index and commands
+
+    async def measure() -> Sample:
+        start = time.perf_counter()
+        git.run_parallel(SCAN, None)
+        return {f"scan {side.size}": time.perf_counter() - start}
+
+    return measure
+
+
+async def _store_rows(sides: Sequence[StoreSide], plan: Plan) -> Samples:
+    measures: dict[str, Measure] = {}
+    for side in sides:
+        measures[f"take {side.size}"] = _take_measure(side, plan.takes)
+        measures[f"scan {side.size}"] = _scan_measure(side)
+    return await interleave(measures, plan.take_rounds, budget_s=plan.budget_s, between=settle)
+
+
+# --- rows 2 to 4: the service ---------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    """A session of the server on a generated workspace, the 3 paths its turns write, and the
+    prompt of its newest turn (the point row 4 rewinds to)."""
+
+    c: Client
+    session_id: str
+    workspace: Workspace
+    paths: list[str]
+    rng: random.Random
+    count: int = 0
+    target: str = ""
+    written: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cwd(self) -> Path:
+        return self.workspace.root
+
+    async def turn(self) -> float:
+        """One turn writing the 3 paths, WRITE_BYTES each, new content; the seconds it took to
+        the end of its Prompt stream (the turn-end snapshot is taken before the stream ends)."""
+        self.count += 1
+        self.written = {}
+        for k, path in enumerate(self.paths):
+            head = f"turn {self.count} file {k} "
+            body = _text(self.rng, WRITE_BYTES).replace("\n", " ")
+            # The model strips the line and adds a newline: no space at either end.
+            self.written[path] = (head + body)[: WRITE_BYTES - 2] + "."
+        text = "\n".join(f"write {p} {t}" for p, t in self.written.items())
+        self.target, seconds = await timed(self.c.prompt(self.session_id, text))
+        for path, content in self.written.items():
+            on_disk = (self.cwd / path).read_bytes()
+            if on_disk != (content + "\n").encode() or len(on_disk) != WRITE_BYTES:
+                raise RuntimeError(f"turn {self.count} did not write {path} as asked")
+        return seconds
+
+
+async def _served(c: Client, workspace: Workspace, snapshots: bool, paths: list[str], seed: int) -> Served:
+    session = await c.sessions.CreateSession(
+        session_service_pb2.CreateSessionRequest(cwd=str(workspace.root), workspace_snapshots=snapshots)
+    )
+    if session.workspace_snapshots != snapshots or session.cwd != str(workspace.root):
+        raise RuntimeError(f"the session was not created as asked: {session}")
+    return Served(c, session.session_id, workspace, paths, random.Random(seed))
+
+
+def _turn_measure(s: Served, name: str, turns: int) -> Measure:
+    async def measure() -> Sample:
+        return {name: [await s.turn() for _ in range(turns)]}
+
+    return measure
+
+
+def _rewind_measure(s: Served, name: str, source: rewind_pb2.FilesSource.ValueType) -> Measure:
+    async def measure() -> Sample:
+        result, seconds = await timed(s.c.rewind(s.session_id, s.target, FILES))
+        got = result.files.source
+        if got != source:
+            raise RuntimeError(
+                f"{name}: the files rewind was served from {rewind_pb2.FilesSource.Name(got)}, "
+                f"not {rewind_pb2.FilesSource.Name(source)}"
+            )
+        left = [p for p in s.paths if (s.cwd / p).exists()]
+        if not result.files.can_rewind or left:
+            raise RuntimeError(f"{name}: the files rewind did not remove {left}: {result}")
+        await s.turn()  # untimed: the files again, and the next round's point
+        return {name: seconds}
+
+    return measure
+
+
+@dataclass
+class Disk:
+    """Row 3: the snapshot-on session's repository before and after row 2's turns."""
+
+    turns: int = 0
+    before: int = 0
+    after: int = 0
+    kinds: dict[str, tuple[int, int]] = field(default_factory=dict)  # type: (objects, bytes) added
+    packed: int = 0  # the added objects in one pack (deltas among them)
+
+    @property
+    def per_turn(self) -> float:
+        return (self.after - self.before) / self.turns if self.turns else math.nan
+
+    def kind_per_turn(self, kind: str) -> tuple[float, float]:
+        count, size = self.kinds.get(kind, (0, 0))
+        return count / self.turns, size / self.turns
+
+
+def _git_env(repo: Path) -> dict[str, str]:
+    """Plain git reading the store's own repository: no system or user config."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(repo / "no-home"),
+        "LC_ALL": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+    }
+
+
+def _objects(repo: Path) -> dict[str, tuple[str, int]]:
+    """Every object of the repository: its type and the bytes it takes on disk."""
+    out = subprocess.run(
+        ["git", "--git-dir", str(repo), "cat-file", "--batch-all-objects",
+         "--batch-check=%(objectname) %(objecttype) %(objectsize:disk)"],
+        capture_output=True, check=True, env=_git_env(repo),
+    ).stdout  # fmt: skip
+    objects = {}
+    for line in out.decode().splitlines():
+        oid, kind, size = line.split()
+        objects[oid] = (kind, int(size))
+    return objects
+
+
+def _packed(repo: Path, oids: Sequence[str]) -> int:
+    """The bytes of a pack of these objects, deltas among them (what `git gc` or `repack` would
+    make of them)."""
+    out = subprocess.run(
+        ["git", "--git-dir", str(repo), "pack-objects", "--stdout", "-q", "--window=50"],
+        input="".join(f"{oid}\n" for oid in oids).encode(),
+        capture_output=True, check=True, env=_git_env(repo),
+    ).stdout  # fmt: skip
+    return len(out)
+
+
+@dataclass
+class Results:
+    sides: list[StoreSide]
+    store: Samples  # row 1
+    turns: Samples  # row 2
+    disk: Disk  # row 3
+    rewinds: Samples  # row 4
+    git: dict[str, int] = field(default_factory=dict)  # git processes started by one call, by name
+    phases: dict[str, float] = field(default_factory=dict)  # seconds spent, by phase
+
+
+async def _run(work: Path, plan: Plan) -> Results:
+    phases: dict[str, float] = {}
+    t0 = time.monotonic()
+    state = work / "service"
+    root = bench_config(state).default_workspace_root
+    big_on_ws = generate(root / f"on-{LARGE}", LARGE, seed=LARGE)
+    async with serve(state) as c:
+        assert c.running.snapshots is not None, "the benchmark server runs with snapshots"
+        # Set-up, untimed. The first turn with snapshots on hashes its whole workspace (in the
+        # server's snapshot threads) while the other workspaces are generated.
+        big_on = await _served(c, big_on_ws, True, big_on_ws.new_paths(), seed=1)
+        hashing = asyncio.ensure_future(big_on.turn())
+        others = await asyncio.to_thread(
+            lambda: [
+                generate(root / f"off-{LARGE}", LARGE, seed=LARGE + 1),
+                generate(root / f"on-{SMALL}", SMALL, seed=SMALL),
+                generate(root / f"off-{SMALL}", SMALL, seed=SMALL),  # the same content
+                generate(work / "store" / f"workspace-{SMALL}", SMALL, seed=SMALL + 2),
+                generate(work / "store" / f"workspace-{LARGE}", LARGE, seed=LARGE + 2),
+            ]
+        )
+        big_off_ws, small_on_ws, small_off_ws = others[:3]
+        big_off, small_on, small_off = await asyncio.gather(
+            _served(c, big_off_ws, False, big_off_ws.new_paths(), seed=2),
+            _served(c, small_on_ws, True, small_on_ws.new_paths(), seed=3),
+            _served(c, small_off_ws, False, small_off_ws.new_paths(), seed=4),
+        )
+        await asyncio.gather(hashing, big_off.turn(), small_on.turn(), small_off.turn())
+        phases["set-up (5 workspaces generated, 4 sessions and their first turns)"] = time.monotonic() - t0
+
+        # Row 1, the server idle: each store's first take alone, then the rounds.
+        t0 = time.monotonic()
+        sides = [_store_side(work / "store", w) for w in others[3:]]
+        store = await _store_rows(sides, plan)
+        phases["row 1 (with the first takes)"] = time.monotonic() - t0
+
+        # Row 2, and the turns row 3 counts.
+        t0 = time.monotonic()
+        worker = c.running.registry.get(big_on.session_id)
+        repo = c.running.snapshots.root / f"{big_on.session_id}.git"
+        disk = Disk(before=await worker.snapshot_bytes())
+        objects = _objects(repo)
+        turns = await interleave(
+            {
+                "turn off": _turn_measure(big_off, "turn off", plan.turns),
+                "turn on": _turn_measure(big_on, "turn on", plan.turns),
+            },
+            plan.turn_rounds,
+            budget_s=plan.budget_s,
+            between=settle,
+        )
+        disk.turns = turns.n("turn on")
+        disk.after = await worker.snapshot_bytes()
+        added = {oid: found for oid, found in _objects(repo).items() if oid not in objects}
+        for kind, size in added.values():
+            count, total = disk.kinds.get(kind, (0, 0))
+            disk.kinds[kind] = (count + 1, total + size)
+        disk.packed = _packed(repo, sorted(added))
+        phases["rows 2, 3"] = time.monotonic() - t0
+
+        # Row 4.
+        t0 = time.monotonic()
+        rewinds = await interleave(
+            {
+                "rewind snapshot": _rewind_measure(small_on, "rewind snapshot", SNAPSHOT),
+                "rewind checkpoint": _rewind_measure(small_off, "rewind checkpoint", CHECKPOINT),
+            },
+            plan.rewind_rounds,
+            budget_s=plan.budget_s,
+            between=settle,
+        )
+        phases["row 4"] = time.monotonic() - t0
+
+        # What limits them: the git processes one call starts (counted once each, untimed).
+        _change(sides[-1])
+        git = {
+            f"take() after 3 changes, {LARGE:,} files": await _git_processes(
+                lambda: _now(sides[-1].store.take)
+            ),
+            "turn, snapshots on": await _git_processes(big_on.turn),
+            "files Rewind from a snapshot": await _git_processes(lambda: _one_rewind(small_on)),
+            "files Rewind from a CLI checkpoint": await _git_processes(lambda: _one_rewind(small_off)),
+        }
+        return Results(sides, store, turns, disk, rewinds, git, phases)
+
+
+async def _now(call: Callable[[], object]) -> object:
+    return call()
+
+
+async def _one_rewind(s: Served) -> None:
+    await s.c.rewind(s.session_id, s.target, FILES)
+
+
+async def _git_processes(call: Callable[[], Awaitable[object]]) -> int:
+    """The git processes the snapshot stores start while `call` runs (a command each; the
+    parallel scan two)."""
+    with (
+        mock.patch.object(Git, "_complete", autospec=True, side_effect=Git._complete) as complete,
+        mock.patch.object(Git, "run_parallel", autospec=True, side_effect=Git.run_parallel) as parallel,
+        mock.patch.object(Git, "popen", autospec=True, side_effect=Git.popen) as popen,
+    ):
+        await call()
+        return complete.call_count + popen.call_count + sum(len(c.args[1]) for c in parallel.call_args_list)
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def _bounded(work: Awaitable[T], seconds: float) -> T:
+    async with asyncio.timeout(seconds):
+        return await work
+
+
+def run(work: Path, quick: bool = False) -> Report:
+    started = time.monotonic()
+    plan = Plan.of(quick)
+    results = asyncio.run(_bounded(_run(work, plan), TIMEOUT_S))
+    report = _report(results, plan)
+    report.notes.append(
+        "time spent: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in results.phases.items())
+    )
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _report(results: Results, plan: Plan) -> Report:
+    sides, store, turns, disk, rewinds = (
+        results.sides,
+        results.store,
+        results.turns,
+        results.disk,
+        results.rewinds,
+    )
+    report = Report(
+        "6. Workspace snapshots",
+        ["row", "measure", "n", "median (or per turn)", "min - max"],
+    )
+
+    def row(number: str, title: str, s: Samples, name: str) -> None:
+        report.rows.append([number, title, str(s.n(name)), fmt_time(s.med(name)), s.spread(name)])
+
+    for side in sides:
+        row("1", f"take(), 3 files changed, {side.size:,} files", store, f"take {side.size}")
+    for side in sides:
+        row(
+            "1",
+            f"its scan alone (diff-files, ls-files --others), {side.size:,} files",
+            store,
+            f"scan {side.size}",
+        )
+    for side in sides:
+        report.rows.append(
+            ["1", f"first take (hashes every file), {side.size:,} files", "1", fmt_time(side.first_s), ""]
+        )
+    row("2", f"turn writing 3 files, snapshots off, {LARGE:,} files", turns, "turn off")
+    row("2", f"turn writing 3 files, snapshots on, {LARGE:,} files", turns, "turn on")
+    written = CHANGED * WRITE_BYTES
+    blobs, trees = disk.kind_per_turn("blob"), disk.kind_per_turn("tree")
+    objects = sum(size for _, size in disk.kinds.values()) / disk.turns if disk.turns else math.nan
+    report.rows += [
+        ["3", f"disk added per turn (repository files), {LARGE:,} files", str(disk.turns), fmt_bytes(disk.per_turn), ""],
+        ["3", f"  of which blobs ({blobs[0]:.1f} per turn)", str(disk.turns), fmt_bytes(blobs[1]), ""],
+        ["3", f"  of which trees ({trees[0]:.1f} per turn)", str(disk.turns), fmt_bytes(trees[1]), ""],
+        ["3", "  the rest (index, refs: rewritten in place)", str(disk.turns), fmt_bytes(disk.per_turn - objects), ""],
+        ["3", "the same objects in one pack (deltas among them)", str(disk.turns), fmt_bytes(disk.packed / disk.turns if disk.turns else math.nan), ""],
+        ["3", "bytes a turn wrote (3 files)", str(disk.turns), fmt_bytes(written), ""],
+    ]  # fmt: skip
+    row("4", f"files Rewind from a snapshot, {SMALL:,} files", rewinds, "rewind snapshot")
+    row("4", f"files Rewind from a CLI checkpoint, {SMALL:,} files", rewinds, "rewind checkpoint")
+
+    small, large = sides[0], sides[-1]
+    take_large, take_small = store.med(f"take {large.size}"), store.med(f"take {small.size}")
+    report.targets.append(
+        Target(
+            f"1. take() at {large.size:,} files, 3 changed: median at most {fmt_time(MAX_TAKE_S)}",
+            take_large <= MAX_TAKE_S,
+            f"{fmt_time(take_large)} over {store.n(f'take {large.size}')} takes",
+        )
+    )
+    report.targets.append(
+        ratio_target(
+            f"1. take() at {large.size:,} files / at {small.size:,} files",
+            take_large,
+            take_small,
+            at_most=MAX_TAKE_GROWTH,
+        )
+    )
+    on, off = turns.med("turn on"), turns.med("turn off")
+    report.targets.append(
+        Target(
+            f"2. what a turn's two snapshots add, {LARGE:,} files: at most 2 x {fmt_time(MAX_TAKE_S)}",
+            on - off <= MAX_TURN_COST_S,
+            f"{fmt_time(on)} - {fmt_time(off)} = {fmt_time(on - off)} (medians, snapshots on - off)",
+        )
+    )
+    report.targets.append(
+        ratio_target(
+            "3. disk added per turn / bytes the turn wrote",
+            disk.per_turn,
+            written,
+            at_most=MAX_DISK_RATIO,
+            fmt=fmt_bytes,
+        )
+    )
+    report.targets.append(
+        ratio_target(
+            "4. files Rewind: from a snapshot / from a CLI checkpoint",
+            rewinds.med("rewind snapshot"),
+            rewinds.med("rewind checkpoint"),
+            at_most=MAX_REWIND_RATIO,
+        )
+    )
+
+    git = results.git
+    for side in sides:
+        take, scan = store.med(f"take {side.size}"), store.med(f"scan {side.size}")
+        report.infos.append(
+            f"1. {side.size:,} files: first take (hashes every file) {fmt_time(side.first_s)}; the scan alone / "
+            f"a take: {fmt_time(scan)} / {fmt_time(take)} = {fmt_ratio(scan / take)}"
+        )
+    report.infos.append(
+        f"2. the turn itself (snapshots off) {fmt_time(off)}; snapshots on / off: {fmt_ratio(on / off)}; "
+        f"two row-1 takes at {large.size:,} files: {fmt_time(2 * take_large)}"
+    )
+    report.infos.append(
+        f"3. per turn: blobs {fmt_bytes(blobs[1])}, trees {fmt_bytes(trees[1])} ({trees[0]:.1f} tree objects), "
+        f"the rest {fmt_bytes(disk.per_turn - objects)}; the same objects packed: "
+        f"{fmt_bytes(disk.packed / disk.turns if disk.turns else math.nan)} per turn "
+        f"({fmt_ratio(disk.packed / disk.turns / written if disk.turns else math.nan)} the bytes written); "
+        f"trees alone {fmt_ratio(trees[1] / written)} the bytes written (they do not shrink with smaller edits)"
+    )
+    report.infos.append(
+        f"4. a files Rewind from a snapshot takes two (before, after): two row-1 takes at {small.size:,} files "
+        f"{fmt_time(2 * take_small)}, of its {fmt_time(rewinds.med('rewind snapshot'))}"
+    )
+    if git:
+        report.infos.append(
+            "git processes started by one call: " + "; ".join(f"{name}: {n}" for name, n in git.items())
+        )
+    report.notes += [
+        f"workspaces generated here: {SMALL:,} or {LARGE:,} files a snapshot holds (source files of 100 to 500 "
+        f"bytes of code-like text, {PER_DIR} to a directory under src/pkgNNN/modNNN/), plus {IGNORED:,} files under "
+        "a node_modules/ that the .gitignore names; each session has a workspace of its own",
+        f"row 1: {store.n(f'take {large.size}')} takes per size ({plan.takes} per round, at most {plan.take_rounds} "
+        f"rounds), interleaved with the scan alone, a garbage collection before each measure; the store "
+        "called directly (SnapshotStore, default Limits) on workspaces of its own, the server of rows 2 to 4 "
+        "up but idle; the first take of each timed once, alone",
+        f"rows 2, 3: the real server in process, {plan.turns} turns per side per round; each turn writes "
+        f"{CHANGED} files of {WRITE_BYTES:,} bytes in 3 directories far apart, new content every turn; "
+        "row 3 counts the turns of row 2 on the session with snapshots on, from after its first turn (whose "
+        "snapshot stored every file) on",
+        f"row 4: a {SMALL:,}-file workspace of the same content per session; each round rewinds to the turn that "
+        f"wrote {CHANGED} new files, then runs that turn again, untimed",
+    ]
+    return report

@@ -1,0 +1,84 @@
+"""A session's snapshots taken, recorded in order, judged for availability and kept by retention:
+a real git store and a real SQLite ledger."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.sessions import snapshotting
+from agent_rewind.sessions.snapshotting import TURN_END, TURN_START, Snapshots
+from agent_rewind.snapshots import Limits
+from agent_rewind.store.ledger import NewSession
+from agent_rewind.store.sqlite import SqliteLedger
+
+SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
+
+
+@pytest.fixture
+async def snaps(tmp_path: Path) -> AsyncIterator[tuple[Snapshots, Path]]:
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    await ledger.add_session(NewSession(SID, str(workspace), {}, checkpointing=True))
+    found = Snapshots(tmp_path / "snapshots", ledger, Limits(max_file_bytes=100))
+    try:
+        yield found, workspace
+    finally:
+        found.close()
+        await ledger.close()
+
+
+async def _turn(snaps: Snapshots, ws: Path, prompt: str, write: dict[str, str]) -> None:
+    await snaps.take_and_record(SID, str(ws), TURN_START, prompt)
+    for name, text in write.items():
+        (ws / name).write_text(text)
+    await snaps.take_and_record(SID, str(ws), TURN_END, prompt)
+
+
+async def test_snapshots_are_recorded_in_order_and_a_later_incomplete_one_makes_earlier_points_unavailable(
+    snaps: tuple[Snapshots, Path],
+) -> None:
+    s, ws = snaps
+    await _turn(s, ws, "p1", {"a.txt": "one"})
+    await _turn(s, ws, "p2", {"a.txt": "two"})
+    assert [(r.kind, r.ref, r.complete) for r in await s.records(SID)] == [
+        (TURN_START, "p1", True),
+        (TURN_END, "p1", True),
+        (TURN_START, "p2", True),
+        (TURN_END, "p2", True),
+    ]
+    assert s.available(await s.records(SID)) == {"p1": True, "p2": True}
+    await _turn(s, ws, "p3", {"big.bin": "x" * 1000})  # over the 100-byte bound at its end
+    records = await s.records(SID)
+    assert not records[-1].complete and "big.bin" in records[-1].reason
+    # Every point before the incomplete snapshot would read it: none can be served.
+    assert s.available(records) == {"p1": False, "p2": False, "p3": False}
+    s.forget(SID)
+    assert await s.records(SID) == records, "read back from the ledger as recorded"
+
+
+async def test_retention_prunes_old_points_and_collects_their_objects(
+    snaps: tuple[Snapshots, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s, ws = snaps
+    monkeypatch.setattr(snapshotting, "COLLECT_AFTER", 1)
+    for i in range(4):
+        await _turn(s, ws, f"p{i}", {f"f{i}.txt": f"unique content {i}"})
+    first_tree = (await s.records(SID))[1].tree  # p0's end: holds f0.txt only
+    assert first_tree is not None
+    await s.retain(SID, str(ws), points=2)
+    records = await s.records(SID)
+    assert s.available(records) == {"p0": False, "p1": False, "p2": True, "p3": True}
+    assert [r.reason for r in records[:4]] == ["pruned"] * 4
+    repo = s.root / f"{SID}.git"
+    gone = subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", first_tree], capture_output=True)
+    assert gone.returncode != 0, "an unreachable tree is collected"
+    kept = records[4].tree
+    assert kept is not None
+    assert subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", kept]).returncode == 0
+    await s.retain(SID, str(ws), points=0)  # 0 keeps everything: nothing more is pruned
+    assert await s.records(SID) == records
