@@ -22,7 +22,7 @@ import grpc
 
 from agent_rewind import config
 from agent_rewind.access import Permission, hash_token, new_token
-from agent_rewind.api.v1 import rewind_pb2
+from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
 from agent_rewind.client import (
     MODES,
     TLS_CA_ENV,
@@ -171,6 +171,18 @@ def _session_close(args: argparse.Namespace, client: Client, out: TextIO) -> int
     return 0
 
 
+def _session_delete(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    client.delete_session(args.session_id, delete_workspace=args.workspace, request_id=args.request_id or "")
+    if args.json:
+        _print(
+            out,
+            json.dumps({"session_id": args.session_id, "deleted": True, "workspace_deleted": args.workspace}),
+        )
+    else:
+        _print(out, f"deleted {args.session_id}" + (" and its workspace" if args.workspace else ""))
+    return 0
+
+
 def _session_interrupt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     session = client.interrupt(args.session_id)
     _print(out, to_json(session) if args.json else format_session(session))
@@ -179,7 +191,16 @@ def _session_interrupt(args: argparse.Namespace, client: Client, out: TextIO) ->
 
 def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     text = read_prompt_text(args.text)
-    stream = client.prompt(args.session_id, text, request_id=args.request_id or "")
+    rewind = None
+    if args.rewind_to:
+        rewind = session_service_pb2.PromptRewind(
+            message_id=args.rewind_to, mode=args.mode, conflict_policy=args.conflicts
+        )
+        if args.expect_last is not None:
+            rewind.expected_last_message_id = args.expect_last
+    elif args.mode is not None or args.expect_last is not None:
+        raise UsageError("--mode and --expect-last go with --rewind-to")
+    stream = client.prompt(args.session_id, text, request_id=args.request_id or "", rewind=rewind)
     try:
         outcome = follow_turn(stream, out, json_lines=args.json)
     except KeyboardInterrupt:
@@ -193,6 +214,42 @@ def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         sys.stderr.write("error: the turn's stream ended without a result\n")
         return EXIT_RPC_ERROR
     return EXIT_RPC_ERROR if outcome.result.is_error else 0
+
+
+def _session_fork(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    session = client.fork_session(
+        args.session_id,
+        args.message_id or "",
+        new_session_id=args.id or "",
+        cwd=args.cwd or "",
+        request_id=args.request_id or "",
+    )
+    _print(out, to_json(session) if args.json else format_session(session))
+    return 0
+
+
+def _undo(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    result = client.undo(
+        args.session_id,
+        args.rewind_id,
+        validate_only=args.dry_run,
+        request_id=args.request_id or "",
+        conflict_policy=args.conflicts,
+    )
+    if args.json:
+        _print(out, to_json(result))
+        return 0
+    files, conversation = result.files.requested, result.conversation.requested
+    mode = (
+        rewind_pb2.REWIND_MODE_BOTH
+        if files and conversation
+        else rewind_pb2.REWIND_MODE_CONVERSATION
+        if conversation
+        else rewind_pb2.REWIND_MODE_FILES
+    )
+    text = format_rewind_result(result, mode, dry_run=args.dry_run)
+    _print(out, text.replace("rewind_id        ", "undid            ", 1) if not args.dry_run else text)
+    return 0
 
 
 def _points(args: argparse.Namespace, client: Client, out: TextIO) -> int:
@@ -411,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     # bad value among them, never touch the client commands.
     commands.add_parser("serve", help="run the gRPC service (`serve --help` for its flags)", add_help=False)
 
-    session = commands.add_parser("session", help="create, list, show, close or interrupt sessions")
+    session = commands.add_parser("session", help="create, list, show, close, interrupt or delete sessions")
     session_commands = session.add_subparsers(dest="session_command", metavar="ACTION", required=True)
 
     create = _command(session_commands, "create", _session_create, "register a session", common)
@@ -441,6 +498,33 @@ def build_parser() -> argparse.ArgumentParser:
         ("interrupt", _session_interrupt, "stop the turn in flight, if any"),
     ):
         _command(session_commands, name, handler, help_text, common).add_argument("session_id", metavar="ID")
+    delete = _command(
+        session_commands,
+        "delete",
+        _session_delete,
+        "erase the session for good: its transcript with every hidden branch, subagent transcripts, "
+        "file backups and workspace snapshots; then it is not found",
+        common,
+    )
+    fork = _command(
+        session_commands,
+        "fork",
+        _session_fork,
+        "a new session whose conversation and files are this one's just before a point (or as they are)",
+        common,
+    )
+    fork.add_argument("session_id", metavar="ID")
+    fork.add_argument(
+        "message_id", metavar="MESSAGE_ID", nargs="?", help="the point to fork at; none: the whole session"
+    )
+    fork.add_argument("--id", metavar="UUID", help="the new session's id (default: one is chosen)")
+    fork.add_argument("--cwd", metavar="DIR", help="the new session's workspace (default: a fresh one)")
+    fork.add_argument("--request-id", metavar="UUID", help="a retry with the same id returns the same fork")
+    delete.add_argument("session_id", metavar="ID")
+    delete.add_argument("--workspace", action="store_true", help="delete its workspace directory too")
+    delete.add_argument(
+        "--request-id", metavar="UUID", help="a retry with the same id answers as the first delete did"
+    )
 
     prompt = _command(
         commands, "prompt", _prompt, "run one turn and print its messages as they arrive", common
@@ -452,6 +536,50 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="UUID",
         help="a retry with the same id re-attaches to the turn it started instead of running another",
     )
+    prompt.add_argument(
+        "--rewind-to",
+        metavar="MESSAGE_ID",
+        help="rewind to this point first, in the same step (edit a prompt): nothing can slip in between",
+    )
+    prompt.add_argument(
+        "--mode",
+        type=_mode_arg,
+        default=None,
+        metavar="|".join(MODES),
+        help="with --rewind-to: what to restore",
+    )
+    prompt.add_argument(
+        "--conflicts",
+        type=_conflicts_arg,
+        default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        metavar="|".join(CONFLICT_POLICIES),
+        help="with --rewind-to: what to do with a path also changed outside the agent",
+    )
+    prompt.add_argument(
+        "--expect-last",
+        metavar="ID",
+        default=None,
+        help="with --rewind-to: refuse unless this is the newest message",
+    )
+
+    undo = _command(
+        commands,
+        "undo",
+        _undo,
+        "undo the session's latest rewind (files and conversation back as they were), while no turn ran after it",
+        common,
+    )
+    undo.add_argument("session_id", metavar="SESSION")
+    undo.add_argument("rewind_id", metavar="REWIND_ID", help="the rewind to undo: the session's latest")
+    undo.add_argument("--dry-run", action="store_true", help="preview: apply nothing (validate_only)")
+    undo.add_argument(
+        "--conflicts",
+        type=_conflicts_arg,
+        default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        metavar="|".join(CONFLICT_POLICIES),
+        help="what to do with a file changed since the rewind: refuse (the default), skip, overwrite",
+    )
+    undo.add_argument("--request-id", metavar="UUID", help="a retry with the same id applies nothing again")
 
     points = _command(commands, "points", _points, "list a session's rewind points, oldest first", common)
     points.add_argument("session_id", metavar="SESSION")

@@ -22,6 +22,13 @@ STEPS: dict[str, str] = {
     "rewind.files_restored": "the CLI restored the files; the ledger does not say so yet",
     "rewind.files_recorded": "the ledger says the files are restored; the rewind is not complete",
     "rewind.completed": "the rewind and its cut are in the ledger; the live process is not cut yet",
+    # An undo, in order.
+    "undo.intent_recorded": "the undo's intent is in the ledger; nothing is put back yet",
+    "undo.files_restored": "the files are put back; the undo is not complete",
+    "undo.completed": "the undo and its cut are in the ledger; the live process is not let go yet",
+    # A DeleteSession, in order.
+    "delete.recorded": "the tombstone and its event are in the ledger; no file is erased yet",
+    "delete.erased": "every file is erased; the tombstone does not say so yet",
     # A turn, in order.
     "turn.accepted": "the prompt is accepted and its request id recorded; no CLI process asked yet",
     "turn.prompt_sent": "the prompt was written to the CLI",

@@ -334,7 +334,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         snapshots=snapshots,
         snapshot_retention=config.snapshot_retention,
     )
-    registry = SessionRegistry(config, ledger, ctx)
+    registry = SessionRegistry(config, ledger, ctx, publish=hub.publish)
     await registry.load()
 
     server = grpc.aio.server(

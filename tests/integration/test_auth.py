@@ -399,3 +399,24 @@ async def test_listening_beyond_loopback_needs_authentication_and_tls_or_insecur
         )
     finally:
         await insecure.close()
+
+
+async def test_a_prompt_that_rewinds_needs_the_rewind_permission_too(tmp_path: Path) -> None:
+    prompt_only = [p for p in ALL if p != Permission.REWIND.value]
+    access = _access(tmp_path / "access.json", {"owner": prompt_only}, {"owner": "arw_o"})
+    async with serve(tmp_path / "state", access_file=access) as c:
+        owner = _as(c, "arw_o")
+        sid = (await owner.create()).session_id
+        point = prompt_id(await owner.prompt(sid, "say one"))
+        request = session_service_pb2.PromptRequest(
+            session_id=sid,
+            text="say two",
+            rewind=session_service_pb2.PromptRewind(message_id=point, mode=FILES),
+        )
+        err = await _refused(_first(owner.sessions.Prompt(request)))
+        assert (err.code(), error_info(err).reason) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "PERMISSION_DENIED",
+        )
+        assert error_info(err).metadata["permission"] == Permission.REWIND.value
+        assert [p.message_id for p in (await owner.points(sid)).points] == [point], "nothing ran"

@@ -334,13 +334,9 @@ async def test_capabilities_describe_this_deployment(tmp_path: Path) -> None:
         assert list(caps.modes) == [FILES, CONVERSATION, BOTH]
         assert caps.file_checkpoint_window == 100
         assert caps.dry_run and caps.events
+        assert caps.undo_rewind and caps.prompt_rewind and caps.fork_session and caps.delete_session
         assert caps.model_backend == "offline", "the scripted model says so"
         assert caps.sdk_version == "0.2.184" and caps.cli_version
-        # What is not served yet says so, with the reason clients feature-detect on.
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await c.rewinds.UndoRewind(rewind_service_pb2.UndoRewindRequest(session_id=str(uuid.uuid4())))
-        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert error_info(err.value).reason == "UNIMPLEMENTED"
 
 
 async def test_two_conversation_rewinds_in_a_row_then_a_prompt(tmp_path: Path) -> None:

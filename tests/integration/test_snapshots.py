@@ -263,3 +263,35 @@ async def test_a_caller_hanging_up_mid_restore_does_not_cut_it_short(
         assert result.files.source == SNAPSHOT and result.files.can_rewind
         assert read(cwd / "s.txt") == "one\n"
         assert len(await c.events(sid)) == 1, "applied once"
+
+
+async def test_a_restore_that_fails_midway_puts_back_what_it_wrote_and_applies_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rewind.snapshots import files as files_module
+
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        await c.prompt(sid, "write a.txt one\nwrite b.txt one")
+        point = prompt_id(await c.prompt(sid, "write a.txt two\nwrite b.txt two"))
+        await c.prompt(sid, "write a.txt three\nwrite b.txt three")
+        real_write = files_module.Workspace.write
+
+        def disk_full_on_b(self: files_module.Workspace, path: str, mode: str, chunks: Any) -> None:
+            if path == "b.txt":
+                raise OSError(28, "No space left on device")
+            real_write(self, path, mode, chunks)
+
+        monkeypatch.setattr(files_module.Workspace, "write", disk_full_on_b)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewind(sid, point, FILES)
+        assert (err.value.code(), error_info(err.value).reason) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "STORAGE_UNAVAILABLE",
+        )
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt")) == ("three\n", "three\n"), "a.txt put back"
+        assert await c.events(sid) == [], "no rewind happened"
+        monkeypatch.setattr(files_module.Workspace, "write", real_write)
+        result = await c.rewind(sid, point, FILES)  # the disk has room again
+        assert result.files.source == SNAPSHOT
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt")) == ("one\n", "one\n")

@@ -144,15 +144,46 @@ class Client:
             if not token:
                 return merged
 
-    def prompt(self, session_id: str, text: str, *, request_id: str = "") -> PromptStream:
+    def prompt(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        request_id: str = "",
+        rewind: session_service_pb2.PromptRewind | None = None,
+    ) -> PromptStream:
         """Starts a turn. Iterate the result for its TurnEvents as they arrive; `cancel()` stops listening
-        (the turn itself runs on to its end on the server)."""
-        call = self._sessions.Prompt(
-            session_service_pb2.PromptRequest(
-                session_id=session_id, text=text, request_id=request_id or str(uuid.uuid4())
+        (the turn itself runs on to its end on the server). With `rewind`, the session is rewound
+        first, in the same step (edit a prompt): the stream opens with the rewind's result, and a
+        refused rewind ends it with its status, nothing run."""
+        request = session_service_pb2.PromptRequest(
+            session_id=session_id, text=text, request_id=request_id or str(uuid.uuid4())
+        )
+        if rewind is not None:
+            request.rewind.CopyFrom(rewind)
+        return PromptStream(self._sessions.Prompt(request))
+
+    def fork_session(
+        self,
+        session_id: str,
+        message_id: str = "",
+        *,
+        new_session_id: str = "",
+        cwd: str = "",
+        request_id: str = "",
+    ) -> session_pb2.Session:
+        """ForkSession: a new session whose conversation and files are the source's just before
+        `message_id` (empty: as they are now). The source is untouched."""
+        session: session_pb2.Session = self._sessions.ForkSession(
+            session_service_pb2.ForkSessionRequest(
+                session_id=session_id,
+                message_id=message_id,
+                new_session_id=new_session_id,
+                cwd=cwd,
+                request_id=request_id or str(uuid.uuid4()),
             )
         )
-        return PromptStream(call)
+        return session
 
     def interrupt(self, session_id: str) -> session_pb2.Session:
         session: session_pb2.Session = self._sessions.Interrupt(
@@ -165,6 +196,22 @@ class Client:
             session_service_pb2.CloseSessionRequest(session_id=session_id)
         )
         return session
+
+    def delete_session(
+        self, session_id: str, *, delete_workspace: bool = False, request_id: str = ""
+    ) -> None:
+        """DeleteSession: erases the session for good (its transcript with every hidden branch, the
+        subagent transcripts, the CLI's file backups, the workspace snapshots, the ledger's copies of
+        its text; the workspace too with `delete_workspace`). From then on it is SESSION_NOT_FOUND.
+        A fresh request id is sent when none is given: a retry of this call with the same id
+        answers as the first did."""
+        self._sessions.DeleteSession(
+            session_service_pb2.DeleteSessionRequest(
+                session_id=session_id,
+                request_id=request_id or str(uuid.uuid4()),
+                delete_workspace=delete_workspace,
+            )
+        )
 
     # --- RewindService ----------------------------------------------------------------------------
 
@@ -227,6 +274,28 @@ class Client:
             request.expected_last_message_id = expected_last_message_id
         method = self._rewinds.DryRun if dry_run else self._rewinds.Rewind
         result: rewind_pb2.RewindResult = method(request)
+        return result
+
+    def undo(
+        self,
+        session_id: str,
+        rewind_id: str,
+        *,
+        validate_only: bool = False,
+        request_id: str = "",
+        conflict_policy: rewind_pb2.ConflictPolicy.ValueType = rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+    ) -> rewind_pb2.RewindResult:
+        """UndoRewind: files and conversation back as they were just before the session's latest
+        rewind (while no turn ran after it). `validate_only` previews it."""
+        result: rewind_pb2.RewindResult = self._rewinds.UndoRewind(
+            rewind_service_pb2.UndoRewindRequest(
+                session_id=session_id,
+                rewind_id=rewind_id,
+                request_id=request_id,
+                conflict_policy=conflict_policy,
+                validate_only=validate_only,
+            )
+        )
         return result
 
     def watch_events(self, session_id: str = "", *, after_cursor: int | None = None) -> WatchStream:

@@ -251,6 +251,13 @@ def format_turn_event(event: session_pb2.TurnEvent) -> list[str]:
         lines.append(f"↳ tool result{error} {_first_line(result.content)}")
     elif kind == "result":
         lines.extend(format_turn_result(event.result))
+    elif kind == "rewind":
+        rewound = event.rewind
+        files = len(rewound.files.files_changed)
+        lines.append(
+            f"↶ rewound {rewound.rewind_id} · {files} file{'' if files == 1 else 's'} changed"
+            f" · {rewound.conversation.messages_dropped} messages dropped"
+        )
     return [indent + line for line in lines]
 
 
@@ -445,5 +452,9 @@ def format_capabilities(caps: rewind_pb2.Capabilities) -> str:
             ("max_live_sessions", str(caps.max_live_sessions) if caps.max_live_sessions else "-"),
             ("workspace_snapshots", yes_no(caps.workspace_snapshots)),
             ("authentication", yes_no(caps.authentication)),
+            ("undo_rewind", yes_no(caps.undo_rewind)),
+            ("prompt_rewind", yes_no(caps.prompt_rewind)),
+            ("fork_session", yes_no(caps.fork_session)),
+            ("delete_session", yes_no(caps.delete_session)),
         ]
     )

@@ -113,6 +113,11 @@ class EventHub:
             asyncio.get_running_loop().call_later(_WAKE_DELAY, self._wake_all)
 
     def _remember(self, event: EventRecord) -> None:
+        if event.kind == "SESSION_DELETED":
+            # The deletion blanked what the session's earlier events said of its files (the
+            # ledger's copies): watchers that replay them now read them from the ledger.
+            for cursor in [c for c, e in self._cache.items() if e.session_id == event.session_id]:
+                del self._cache[cursor]
         self._cache[event.cursor] = event
         self._cache.move_to_end(event.cursor)
         while len(self._cache) > _CACHE:

@@ -12,6 +12,7 @@ in a task of its own, so a caller that hangs up does not cut it short.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import time
@@ -36,6 +37,7 @@ from agent_rewind.errors import (
     StorageUnavailable,
 )
 from agent_rewind.rewind import checkpoints, workspace
+from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
@@ -175,6 +177,8 @@ class _Plan:
     # A files half served by snapshots: its plan, and the workspace as it was planned against.
     snapshot: workspace.SnapshotPlan | None = None
     now: Snapshot | None = None
+    # The leaf of the conversation before the rewind (what an undo brings back).
+    leaf: str | None = None
 
 
 # Errors that mean the rewind was tried and could not be carried out (the others refuse it
@@ -198,6 +202,59 @@ class RewindEngine:
         # Told of every event this engine commits (the event hub), after the commit.
         self._publish = publish
         self._snapshots = snapshots
+        self._undo = Undo(ledger, snapshots, publish)
+
+    async def undo(self, worker: SessionWorker, req: UndoRequest) -> RewindOutcome:
+        """UndoRewind (or its preview): all or nothing, durable, idempotent by request id; run
+        in a task of its own like a rewind, so a caller that hangs up does not cut it short."""
+        previous = await self._undo.previous(req)
+        if previous is not None and previous.state == "applied" and not req.validate_only:
+            assert previous.result is not None
+            return RewindOutcome.from_json(previous.result)
+
+        async def run() -> RewindOutcome:
+            async with worker.exclusive():
+                await self.resolve_pending(worker)
+                again = await self._undo.previous(req)
+                if again is not None and not req.validate_only:
+                    assert again.result is not None
+                    return RewindOutcome.from_json(again.result)
+                return await self._undo.apply(worker, req)
+
+        task = asyncio.create_task(run(), name=f"undo-{worker.session_id}")
+        return await asyncio.shield(task)
+
+    async def _capture_before(self, worker: SessionWorker, plan: _Plan) -> dict[str, Any] | None:
+        """What an undo of this rewind needs of the files: the paths it changes, as they are."""
+        snaps = self._snapshots
+        if snaps is None or not plan.files.can_rewind:
+            return None
+        if plan.snapshot is not None:
+            return {"before": plan.snapshot.now, "paths": list(plan.snapshot.paths)}
+        paths = capture_paths(worker.record.cwd, plan.files.files_changed)
+        if paths is None:
+            return None  # a path outside the workspace: that rewind cannot be undone
+        store = snaps.store(worker.session_id, worker.record.cwd)
+        try:
+            before = await snaps.run(lambda: store.capture(paths))
+        except Exception as err:  # the rewind goes on; it just cannot be undone
+            log.error("could not keep the files a rewind changes", error=str(err))
+            return None
+        return {"before": before, "paths": paths}
+
+    async def _capture_after(self, worker: SessionWorker, plan: dict[str, Any]) -> dict[str, Any] | None:
+        undo = plan.get("undo")
+        snaps = self._snapshots
+        if not undo or snaps is None:
+            return None
+        if plan.get("snapshot"):
+            return {"after": plan["snapshot"]["start"]}
+        store = snaps.store(worker.session_id, worker.record.cwd)
+        try:
+            return {"after": await snaps.run(lambda: store.capture(undo["paths"]))}
+        except Exception as err:
+            log.error("could not keep the files a rewind left", error=str(err))
+            return None
 
     async def _from_snapshots(
         self, worker: SessionWorker, point: RewindPoint, req: RewindRequest
@@ -280,7 +337,7 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=_refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        return _Plan(point, files, conversation, 0, view.last_message_id, snapshot, now)
+        return _Plan(point, files, conversation, 0, view.last_message_id, snapshot, now, view.leaf)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
@@ -324,12 +381,21 @@ class RewindEngine:
         task = asyncio.create_task(self._rewind_exclusive(worker, req), name=f"rewind-{worker.session_id}")
         return await asyncio.shield(task)
 
-    async def _rewind_exclusive(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+    async def rewind_before_prompt(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+        """PromptRequest.rewind: applies the rewind from the turn's own task, under the session
+        lock the turn holds, so no other prompt can slip in between (a refusal raises, and the
+        turn sends nothing)."""
+        return await self._rewind_exclusive(worker, req, held=True)
+
+    async def _rewind_exclusive(
+        self, worker: SessionWorker, req: RewindRequest, held: bool = False
+    ) -> RewindOutcome:
+        """`held`: the caller holds the session's lock already (a prompt's rewind)."""
         started = time.perf_counter()
         outcome = "failed"
         source = "checkpoint" if req.mode.files else "none"
         try:
-            async with worker.exclusive():
+            async with contextlib.nullcontext() if held else worker.exclusive():
                 await self.resolve_pending(worker)
                 previous = await self._previous(req)
                 if previous is not None:  # finished just now by resolve_pending, or before
@@ -359,6 +425,7 @@ class RewindEngine:
         if plan.snapshot is not None and plan.now is not None and self._snapshots is not None:
             # The workspace as the rewind found it: the rollback, and an interval boundary.
             await self._snapshots.record(worker.session_id, REWIND_BEFORE, rewind_id, plan.now)
+        undo = await self._capture_before(worker, plan) if req.mode.files else None
         anchor = None
         if req.mode.conversation:
             anchor = Anchor(
@@ -379,6 +446,8 @@ class RewindEngine:
                     "target": plan.point.message_id,
                     "files": req.mode.files,
                     "snapshot": plan.snapshot.to_json() if plan.snapshot is not None else None,
+                    "undo": undo,
+                    "planned_leaf": plan.leaf,
                     "anchor": asdict(anchor) if anchor else None,
                     "outcome": RewindOutcome(rewind_id, plan.files, plan.conversation, "").to_json(),
                     # What the rewind was planned against: it never cuts a conversation that
@@ -433,12 +502,25 @@ class RewindEngine:
         try:
             await snaps.run(lambda: store.restore(plan["start"], plan["paths"], rollback=plan["now"]))
         except RestoreError as err:
-            # Every path written was put back: nothing was applied.
-            await self._ledger.abandon_rewind(record.rewind_id)
+            if err.rolled_back:  # every path written was put back: nothing was applied
+                await self._ledger.abandon_rewind(record.rewind_id)
+                raise StorageUnavailable(
+                    f"the workspace could not be restored ({err}); nothing was changed"
+                ) from err
+            # Some paths could not be put back either: the intent stays, and the restore is run
+            # again (it is idempotent) before anything else happens on the session.
             raise StorageUnavailable(
-                f"the workspace could not be restored ({err}); nothing was changed"
+                f"the workspace is partly restored ({err}); the rewind will be finished before the "
+                "session runs anything else"
             ) from err
-        await snaps.take_and_record(sid, cwd, REWIND_AFTER, record.rewind_id)
+        # The workspace after: what it was before with the restored paths as at the point,
+        # computed from the trees (a restore under the lock changes nothing else).
+        try:
+            after = await snaps.run(lambda: store.overlay(plan["now"], plan["start"], plan["paths"]))
+            await snaps.record(sid, REWIND_AFTER, record.rewind_id, Snapshot(after, True))
+        except Exception as err:  # then take it the slow way, scanning the workspace
+            log.error("could not record the workspace after a rewind", error=str(err))
+            await snaps.take_and_record(sid, cwd, REWIND_AFTER, record.rewind_id)
 
     async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded intent: files, then the conversation cut. Under the session's lock."""
@@ -493,7 +575,10 @@ class RewindEngine:
             principal=record.principal,
             data=event_data(plan["target"], record.mode, final, owner=worker.record.principal),
         )
-        committed = await self._ledger.complete_rewind(record.rewind_id, final.to_json(), anchor, event)
+        result = final.to_json()
+        if files.can_rewind and (kept := await self._capture_after(worker, plan)) is not None:
+            result["undo"] = kept
+        committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event)
         if self._publish is not None:
             self._publish(committed)
         faults.point("rewind.completed")
@@ -521,8 +606,11 @@ class RewindEngine:
         """Finishes the session's recorded, unfinished rewinds. Call under the session's lock;
         runs before any prompt or rewind, so nothing ever runs on half a rewind."""
         for record in await self._ledger.pending_rewinds(worker.session_id):
-            log.warning("finishing an interrupted rewind", rewind_id=record.rewind_id)
+            log.warning("finishing an interrupted rewind", rewind_id=record.rewind_id, kind=record.kind)
             try:
+                if record.kind == "undo":
+                    await self._undo.finish(worker, record)
+                    continue
                 await self._finish(worker, record)
             except _MovedOn:
                 continue

@@ -101,20 +101,19 @@ def plan(
     check_complete(message_id, records, now)
     assert now.tree is not None
     trees = [r.tree for r in records] + [now.tree]
-    ours: set[str] = set()
-    theirs: set[str] = set()
-    for i, record in enumerate(records):
-        before, after = trees[i], trees[i + 1]
-        assert before is not None and after is not None
-        if before == after:
-            continue
-        (ours if record.kind in _OURS else theirs).update(c.path for c in store.changes(before, after))
     start = trees[0]
     assert start is not None
+    pairs: list[tuple[str, str]] = [(str(trees[i]), str(trees[i + 1])) for i in range(len(records))]
+    # Every interval, and now against the point, in one git process.
+    *intervals, differences = store.changes_many([*pairs, (now.tree, start)])
+    ours: set[str] = set()
+    theirs: set[str] = set()
+    for record, changes in zip(records, intervals, strict=True):
+        (ours if record.kind in _OURS else theirs).update(c.path for c in changes)
     conflicted = sorted(ours & theirs)
     restored = sorted(ours - set(conflicted)) if policy == SKIP else sorted(ours)
     refusal = ExternalChanges(conflicted) if conflicted and policy == REFUSE else None
-    differing = {c.path for c in store.changes(now.tree, start)}
+    differing = {c.path for c in differences}
     # Only the paths that differ now are written (the others already hold P's content).
     changed = tuple(p for p in restored if p in differing)
     insertions, deletions = store.numstat(now.tree, start, changed) if changed else (0, 0)

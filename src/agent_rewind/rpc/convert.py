@@ -10,7 +10,14 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.errors import InvalidArgument
 from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome
-from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, ToolResultEvent, TurnEvent
+from agent_rewind.sessions.events import (
+    AssistantEvent,
+    PromptEvent,
+    ResultEvent,
+    RewoundEvent,
+    ToolResultEvent,
+    TurnEvent,
+)
 from agent_rewind.sessions.worker import SessionWorker, State
 from agent_rewind.store.ledger import EventRecord
 from agent_rewind.transcript.entries import PREVIEW_CHARS, RewindPoint
@@ -88,6 +95,8 @@ def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Sessio
 
 
 def turn_event(session_id: str, event: TurnEvent) -> session_pb2.TurnEvent:
+    if isinstance(event, RewoundEvent):
+        return session_pb2.TurnEvent(session_id=session_id, rewind=rewind_result(event.outcome))
     if isinstance(event, PromptEvent):
         return session_pb2.TurnEvent(
             session_id=session_id,

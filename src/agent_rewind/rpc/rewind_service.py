@@ -12,9 +12,10 @@ import grpc
 
 from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, NotServed, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
+from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.errors import abort
@@ -98,6 +99,10 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             authentication=self.auth.enabled,
             max_live_sessions=self._max_live_sessions,
             workspace_snapshots=self._registry.workspace_snapshots_default,
+            undo_rewind=True,
+            fork_session=True,
+            delete_session=True,
+            prompt_rewind=True,
         )
 
     @unary
@@ -200,4 +205,13 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     async def UndoRewind(  # noqa: N802
         self, request: rewind_service_pb2.UndoRewindRequest, context: grpc.aio.ServicerContext
     ) -> rewind_pb2.RewindResult:
-        raise NotServed("UndoRewind")
+        req = UndoRequest(
+            session_id=requests.session_id(request.session_id),
+            rewind_id=requests.uuid_field("rewind_id", request.rewind_id),
+            request_id=optional_uuid("request_id", request.request_id),
+            conflict_policy=convert.conflict_policy(request.conflict_policy),
+            validate_only=request.validate_only,
+            principal=current().name,
+        )
+        worker = self._registry.get(req.session_id, current())
+        return convert.rewind_result(await self._engine.undo(worker, req))

@@ -1,4 +1,4 @@
-"""SessionService: create, read, prompt, interrupt and close sessions."""
+"""SessionService: create, read, prompt, interrupt, close and delete sessions."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf import empty_pb2
 
+from agent_rewind.access import Permission
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
-from agent_rewind.errors import NotServed
-from agent_rewind.rewind.engine import RewindEngine
+from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.handlers import streaming, unary
-from agent_rewind.rpc.requests import PageTokens, optional_uuid
+from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import commands
+from agent_rewind.sessions.events import RewoundEvent, TurnEvent
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry, page_key
+from agent_rewind.sessions.turns import Prelude
 from agent_rewind.sessions.worker import SessionWorker
 
 
@@ -93,11 +95,32 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         text = requests.prompt_text(request.text)
         commands.check_prompt(text)
         request_id = optional_uuid("request_id", request.request_id) or ""
+        prelude: Prelude | None = None
+        key: str | None = None
         if request.HasField("rewind"):
-            raise NotServed("PromptRequest.rewind")
-        turn = await worker.start_turn(text, request_id)
+            current().require(Permission.REWIND)
+            rewind = self._prompt_rewind(worker, request.rewind)
+            key = rewind.fingerprint()
+
+            async def prelude() -> TurnEvent | None:
+                return RewoundEvent(await self._engine.rewind_before_prompt(worker, rewind))
+
+        turn = await worker.start_turn(text, request_id, prelude=prelude, prelude_key=key)
         async for event in turn.events():
             yield convert.turn_event(worker.session_id, event)
+
+    @staticmethod
+    def _prompt_rewind(worker: SessionWorker, rewind: session_service_pb2.PromptRewind) -> RewindRequest:
+        return RewindRequest(
+            session_id=worker.session_id,
+            message_id=required("rewind.message_id", rewind.message_id),
+            mode=convert.mode(rewind.mode),
+            expected_last_message_id=(
+                rewind.expected_last_message_id if rewind.HasField("expected_last_message_id") else None
+            ),
+            principal=current().name,
+            conflict_policy=convert.conflict_policy(rewind.conflict_policy),
+        )
 
     @unary
     async def Interrupt(  # noqa: N802
@@ -119,13 +142,35 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
     async def ForkSession(  # noqa: N802
         self, request: session_service_pb2.ForkSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
-        raise NotServed("ForkSession")
+        source = self._session(request.session_id)
+        worker = await self._registry.fork(
+            source,
+            request.message_id,
+            NewSessionRequest(
+                cwd=request.cwd,
+                session_id=optional_uuid("new_session_id", request.new_session_id) or "",
+                options={},  # the source's
+                checkpointing=True,  # the source's
+                workspace_snapshots=True,  # the source's
+                request_id=optional_uuid("request_id", request.request_id) or "",
+                principal=current().name,
+            ),
+        )
+        return await _session(worker)
 
     @unary
     async def DeleteSession(  # noqa: N802
         self, request: session_service_pb2.DeleteSessionRequest, context: grpc.aio.ServicerContext
     ) -> empty_pb2.Empty:
-        raise NotServed("DeleteSession")
+        # Erasure for good (docs/sessions.md); the owner or an admin only: to anyone else the
+        # session does not exist. A retry with the same request_id answers Empty again.
+        await self._registry.delete(
+            requests.session_id(request.session_id),
+            principal=current(),
+            request_id=optional_uuid("request_id", request.request_id) or "",
+            delete_workspace=request.delete_workspace,
+        )
+        return empty_pb2.Empty()
 
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:

@@ -53,7 +53,15 @@ class ResultEvent:
     interrupted: bool = False
 
 
-TurnEvent = PromptEvent | AssistantEvent | ToolResultEvent | ResultEvent
+@dataclass(frozen=True, slots=True)
+class RewoundEvent:
+    """First on a turn whose prompt carried a rewind (PromptRequest.rewind): the rewind applied
+    before the prompt ran. `outcome` is the rewind engine's result (sessions/ does not know it)."""
+
+    outcome: Any
+
+
+TurnEvent = PromptEvent | AssistantEvent | ToolResultEvent | ResultEvent | RewoundEvent
 
 
 @dataclass(frozen=True, slots=True)

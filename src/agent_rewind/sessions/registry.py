@@ -1,11 +1,12 @@
-"""The registry of sessions: creates them, finds them, lists them, and stops them all."""
+"""The registry of sessions: creates them, finds them, lists them, deletes them, and stops them all."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
@@ -13,10 +14,11 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import logs
+from agent_rewind import faults, logs
 from agent_rewind.access import Principal
 from agent_rewind.config import Config
 from agent_rewind.errors import (
+    AgentRewindError,
     AgentUnavailable,
     InvalidArgument,
     LiveSessionsExhausted,
@@ -25,12 +27,23 @@ from agent_rewind.errors import (
     SessionAlreadyExists,
     SessionNotFound,
     ShuttingDown,
+    SnapshotUnavailable,
     WorkspaceInUse,
     WorkspaceOutsideRoot,
 )
+from agent_rewind.sessions import erasure, forking
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
-from agent_rewind.store.ledger import Ledger, NewRequest, NewSession, RequestIdTaken, dumps
+from agent_rewind.snapshots import SnapshotStore
+from agent_rewind.store.ledger import (
+    EventRecord,
+    Ledger,
+    NewEvent,
+    NewRequest,
+    NewSession,
+    RequestIdTaken,
+    dumps,
+)
 from agent_rewind.transcript.paths import transcript_path
 
 log = structlog.get_logger(__name__)
@@ -68,8 +81,21 @@ class NewSessionRequest:
 
 
 class SessionRegistry:
-    def __init__(self, config: Config, ledger: Ledger, ctx: WorkerContext) -> None:
+    def __init__(
+        self,
+        config: Config,
+        ledger: Ledger,
+        ctx: WorkerContext,
+        publish: Callable[[EventRecord], None] | None = None,
+    ) -> None:
         self._config = config
+        # Told of every event the registry commits (SESSION_DELETED), after the commit: the event hub.
+        self._publish = publish
+        # Deletions in progress, by session: a second DeleteSession waits for the first's outcome.
+        self._deletions: dict[str, asyncio.Task[None]] = {}
+        # Workspaces of deleted sessions whose files are being erased: no new session takes one
+        # until then (its erasure would delete what the new session put there).
+        self._erasing: dict[str, str] = {}
         # New sessions snapshot their workspace unless they say otherwise (and the server can).
         self.workspace_snapshots_default = config.workspace_snapshots and ctx.snapshots is not None
         self._ledger = ledger
@@ -87,8 +113,20 @@ class SessionRegistry:
         """Registers every session the ledger holds (none has a live process yet).
 
         Stored options are checked again: what an older version (or a withdrawn operator opt-in)
-        let through and the allowlist now refuses is not passed to the CLI any more.
+        let through and the allowlist now refuses is not passed to the CLI any more. First,
+        deletions a crash interrupted after their commit are finished: nothing of a deleted
+        session is served, nor left on disk, once the server admits calls.
         """
+        for tombstone in await self._ledger.unfinished_erasures():
+            log.warning("finishing the erasure of a deleted session", session_id=tombstone.session_id)
+            try:
+                await self._erase_files(tombstone.session_id, tombstone.erasure or {})
+            except AgentRewindError as err:  # tried again at the next start
+                log.error(
+                    "could not finish erasing a deleted session",
+                    session_id=tombstone.session_id,
+                    error=err.message,
+                )
         for record in await self._ledger.sessions():
             options, dropped = session_options.sanitize(record.options, self.operator)
             if dropped:
@@ -167,8 +205,10 @@ class SessionRegistry:
             raise WorkspaceOutsideRoot(cwd or str(path), [str(r) for r in roots])
         if resolved in roots:
             raise WorkspaceInUse(str(resolved), "is a workspace root; a session's workspace lies below one")
-        for other in self._workers.values():
-            theirs = Path(other.record.cwd)
+        # A deleted session's workspace is still taken while its erasure runs (for a moment).
+        taken = [Path(w.record.cwd) for w in self._workers.values()]
+        taken.extend(Path(erasing) for erasing in self._erasing.values())
+        for theirs in taken:
             if resolved == theirs:
                 raise WorkspaceInUse(str(resolved), "is another session's workspace")
             if theirs.is_relative_to(resolved):
@@ -194,6 +234,9 @@ class SessionRegistry:
                 if existing is not None:
                     return self._repeat(existing.method, existing.fingerprint, existing.session_id, request)
             if sid in self._workers:
+                raise SessionAlreadyExists(sid)
+            if await self._ledger.tombstone(sid) is not None:
+                # A deleted session's id is never used again: watchers saw it deleted for good.
                 raise SessionAlreadyExists(sid)
             owned = sum(1 for w in self._workers.values() if w.record.principal == req.principal)
             if owned >= self._config.max_sessions_per_principal:
@@ -259,13 +302,198 @@ class SessionRegistry:
                 await self.forget(worker.session_id)
             raise
 
+    async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
+        """ForkSession (sessions/forking.py): a new session whose conversation and files are the
+        source's just before `message_id` (empty: as they are now). The source's lock is held
+        meanwhile, so no turn changes it while it is copied; it is otherwise untouched."""
+        snapshots = self._ctx.snapshots
+        async with source.exclusive():
+            view = await source.view()
+            tree: str | None = None
+            if message_id:
+                point = view.resolve(message_id)
+                leaf = point.resume_at_message_id or None
+                if snapshots is None or not source.record.workspace_snapshots:
+                    raise SnapshotUnavailable(
+                        point.message_id, "off", "the session takes no workspace snapshots"
+                    )
+                tree = forking.start_tree(await snapshots.records(source.session_id), point.message_id)
+            else:
+                leaf = view.leaf
+            offsets = source.view_at(leaf).offsets() if leaf else []
+            worker = await self.create(
+                dataclasses.replace(
+                    req,
+                    options=dict(source.record.options),
+                    checkpointing=source.record.checkpointing,
+                    workspace_snapshots=source.record.workspace_snapshots,
+                )
+            )
+            if worker.record.started:
+                return worker  # a retry (same request_id) of a fork already made
+            cwd = Path(worker.record.cwd)
+            try:
+                if tree is not None and snapshots is not None:
+                    store = SnapshotStore(snapshots.root / f"{source.session_id}.git", cwd)
+                    await snapshots.run(lambda: forking.restore_into(store, tree, cwd))
+                else:
+                    await asyncio.to_thread(forking.copy_workspace, Path(source.record.cwd), cwd)
+                if offsets:
+                    target = transcript_path(self._config.claude_config_dir, str(cwd), worker.session_id)
+                    await asyncio.to_thread(
+                        forking.write_transcript,
+                        source.transcript_file,
+                        target,
+                        offsets,
+                        worker.session_id,
+                        str(cwd),
+                    )
+                    await self._ledger.touch_session(worker.session_id, started=True)
+                    worker.record = dataclasses.replace(worker.record, started=True)
+            except Exception:
+                await self.forget(worker.session_id)
+                raise
+        log.info("session forked", source=source.session_id, fork=worker.session_id, at=message_id or "now")
+        await self.start(worker)
+        return worker
+
     async def forget(self, session_id: str) -> None:
         """Removes a session whose creation failed before it was usable."""
         self._workers.pop(session_id, None)
         await self._ledger.remove_session(session_id)
 
+    async def delete(
+        self,
+        session_id: str,
+        *,
+        principal: Principal | None = None,
+        request_id: str = "",
+        delete_workspace: bool = False,
+    ) -> None:
+        """DeleteSession: erases the session for good (docs/sessions.md, "Deleting a session").
+
+        In order: nothing new is accepted on the session, a running turn is ended and the CLI
+        process exits (`SessionWorker.retiring`); then the commit, one ledger transaction: the
+        session becomes a tombstone holding what remains to erase on disk, its rows with content
+        go, and its SESSION_DELETED event is appended. Only then are the files erased (the CLI's,
+        the workspace snapshots, the workspace if asked) and the tombstone told so. A crash
+        before the commit deleted nothing; after it, the next start finishes the erasure before
+        it admits a call, so no read ever serves a deleted session's content.
+
+        It runs in a task of its own: a caller that hangs up does not stop it halfway. A
+        `request_id` makes it idempotent: a retry answers as the first call did (and finishes an
+        erasure a failure left unfinished); without one, a second delete is SESSION_NOT_FOUND.
+        """
+        principal_name = principal.name if principal is not None else ""
+        fingerprint = dumps([session_id, delete_workspace, principal_name])
+        request = NewRequest(request_id, "DeleteSession", fingerprint, session_id) if request_id else None
+        while True:
+            if self._shutting_down:
+                raise ShuttingDown()
+            running = self._deletions.get(session_id)
+            if running is not None and not running.done():
+                # Its outcome decides: the session is gone (this call's own retry is answered
+                # below), or it is still there and this call tries again.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(running)
+                continue
+            if request is not None:
+                recorded = await self._ledger.request(request.request_id)
+                if recorded is not None:
+                    if not recorded.same_call(request):
+                        raise RequestIdReused(request.request_id)
+                    tombstone = await self._ledger.tombstone(session_id)
+                    if tombstone is not None and tombstone.erasure is not None:
+                        await self._erase_files(session_id, tombstone.erasure)
+                    return
+            worker = self.get(session_id, principal)
+            task = asyncio.create_task(
+                self._delete(worker, request, delete_workspace, principal_name), name=f"delete-{session_id}"
+            )
+            self._deletions[session_id] = task
+            await asyncio.shield(task)
+            return
+
+    async def _delete(
+        self, worker: SessionWorker, request: NewRequest | None, delete_workspace: bool, deleter: str
+    ) -> None:
+        sid = worker.session_id
+        try:
+            async with worker.retiring():
+                # What the erasure needs until it is finished (a crash midway: the next start).
+                plan = {"cwd": worker.record.cwd, "workspace": delete_workspace}
+                event = NewEvent(
+                    kind="SESSION_DELETED",
+                    session_id=sid,
+                    principal=deleter,
+                    # The session's owner, who (with admins) may see its events. Never any content.
+                    data={"owner": worker.record.principal},
+                )
+                try:
+                    committed = await self._ledger.erase_session(sid, event, request, plan)
+                except LookupError:
+                    raise SessionNotFound(sid) from None
+                except RequestIdTaken as taken:
+                    assert request is not None
+                    raise RequestIdReused(request.request_id) from taken
+                # The commit: from here on the session is gone, whatever happens next.
+                worker.deleted = True
+                if self._workers.get(sid) is worker:
+                    del self._workers[sid]
+                if self._publish is not None:
+                    self._publish(committed)
+                log.info(
+                    "session deleted", session_id=sid, cursor=committed.cursor, workspace=delete_workspace
+                )
+                faults.point("delete.recorded")
+                await self._erase_files(sid, plan)
+        finally:
+            if self._deletions.get(sid) is asyncio.current_task():
+                del self._deletions[sid]
+
+    async def _erase_files(self, session_id: str, plan: Mapping[str, Any]) -> None:
+        """Erases what a deleted session left on disk, then tells the tombstone. Idempotent."""
+        cwd = str(plan.get("cwd") or "")
+        if cwd:
+            self._erasing[session_id] = cwd
+        try:
+            removed = await asyncio.to_thread(
+                erasure.erase_cli_files, self._ctx.claude_config_dir, session_id, cwd
+            )
+            snapshots = self._ctx.snapshots
+            if snapshots is not None:
+                await snapshots.delete(session_id)
+            repository = self._config.state_dir / "snapshots" / f"{session_id}.git"
+            if snapshots is not None:
+                repository = snapshots.root / f"{session_id}.git"
+            if repository.exists() or repository.is_symlink():
+                await asyncio.to_thread(erasure.remove_tree, repository)
+            if plan.get("workspace") and cwd:
+                try:
+                    await asyncio.to_thread(erasure.remove_workspace, cwd, self._config.workspace_roots)
+                except erasure.WorkspaceRefused as err:
+                    # For good: what is there is not the session's workspace any more.
+                    log.error(
+                        "the deleted session's workspace is left in place",
+                        session_id=session_id,
+                        reason=str(err),
+                    )
+        except OSError as err:
+            raise AgentRewindError(
+                f"session {session_id!r} is deleted, but its files could not all be erased yet ({err}); "
+                "retry DeleteSession with the same request_id (or restart the server) to finish"
+            ) from err
+        finally:
+            self._erasing.pop(session_id, None)
+        faults.point("delete.erased")
+        await self._ledger.finish_erasure(session_id)
+        log.info("deleted session erased", session_id=session_id, cli_files=len(removed))
+
     async def shutdown(self, grace: float) -> None:
         self._shutting_down = True
+        # A deletion in progress finishes (it waits for a running turn only as long as Interrupt
+        # may take): stopped halfway, it would be finished at the next start instead.
+        await asyncio.gather(*self._deletions.values(), return_exceptions=True)
         await asyncio.gather(*(w.shutdown(grace) for w in self._workers.values()), return_exceptions=True)
 
 

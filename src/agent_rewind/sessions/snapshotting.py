@@ -144,6 +144,7 @@ class Snapshots:
 
     async def delete(self, session_id: str) -> None:
         self._records.pop(session_id, None)
+        self._uncollected.pop(session_id, None)
         self._stores.pop(session_id, None)
         path = self.root / f"{session_id}.git"
         await self.run(lambda: shutil.rmtree(path, ignore_errors=True))

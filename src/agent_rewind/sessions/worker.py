@@ -30,6 +30,7 @@ from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
     RequestIdReused,
+    SessionNotFound,
     ShuttingDown,
     StorageUnavailable,
     TurnInFlight,
@@ -119,6 +120,10 @@ class SessionWorker:
         self._shutting_down = False
         self._newest_turn_pid: int | None = None
         self.update_time: datetime = record.update_time
+        # DeleteSession: `_retiring` while it ends the session's work (undone if it fails before
+        # the ledger's commit), `deleted` from that commit on. Either way nothing new may run.
+        self._retiring = False
+        self.deleted = False
 
     # State
 
@@ -208,6 +213,11 @@ class SessionWorker:
         """The conversation as it would be after a cut at `leaf`."""
         return self._transcript().view(leaf)
 
+    @property
+    def transcript_file(self) -> Path:
+        """Where the CLI writes this session's transcript."""
+        return self._transcript().path
+
     def transcript_size(self) -> int:
         size: int = self._transcript().size
         return size
@@ -253,6 +263,7 @@ class SessionWorker:
 
     async def ensure_client(self) -> AgentClient:
         """The live client, started (or resumed) if needed. Call under the lock."""
+        self.check_not_deleted()
         client = self.process.client
         if client is not None and client.alive:
             self.process.used()
@@ -295,6 +306,16 @@ class SessionWorker:
         if not self.record.closed and not self._shutting_down:
             self._in_background(self._prewarm(), f"prewarm-{self.session_id}")
 
+    def conversation_restored(self) -> None:
+        """An undo brought dropped turns back into the conversation the service shows. The live
+        process cannot un-cut itself: it is let go, and a new one resuming at the restored leaf
+        starts in the background once the caller releases the lock. Call under the lock."""
+        if self.process.client is None:
+            return
+        self.process.let_go()
+        if not self.record.closed and not self._shutting_down:
+            self._in_background(self._prewarm(), f"prewarm-{self.session_id}")
+
     def _in_background(self, work: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(work)
         task.set_name(name)
@@ -303,7 +324,7 @@ class SessionWorker:
 
     async def _prewarm(self) -> None:
         async with self.lock:
-            if self.process.client is not None or self.record.closed or self._shutting_down:
+            if self.process.client is not None or self.record.closed or self._shutting_down or self.gone:
                 return
             try:
                 await self.ensure_client()
@@ -319,6 +340,16 @@ class SessionWorker:
         if self.turn_running:
             raise TurnInFlight(self.session_id)
 
+    @property
+    def gone(self) -> bool:
+        """Being deleted, or deleted: nothing new runs on the session."""
+        return self._retiring or self.deleted
+
+    def check_not_deleted(self) -> None:
+        """SESSION_NOT_FOUND for work that reached the session while it was being deleted."""
+        if self.gone:
+            raise SessionNotFound(self.session_id)
+
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
         """Holds the session's lock for work that must not wait behind a turn (a rewind).
@@ -326,8 +357,10 @@ class SessionWorker:
         A running turn holds the lock until its result, so this checks before waiting for
         the lock as well as after getting it: a rewind is refused at once, never queued.
         """
+        self.check_not_deleted()
         self.check_no_turn()
         async with self.lock:
+            self.check_not_deleted()
             self.check_no_turn()
             try:
                 yield
@@ -360,12 +393,14 @@ class SessionWorker:
         seen before returns that turn (a retry re-attaches to it, or gets it replayed from the
         ledger after a restart); with other arguments it is REQUEST_ID_REUSED.
         """
+        self.check_not_deleted()
         request: NewRequest | None = None
         if request_id:
             request = NewRequest(request_id, "Prompt", dumps([text, prelude_key]), self.session_id)
             known = await self._known_turn(request, text)
             if known is not None:
                 return known
+        self.check_not_deleted()  # again: a deletion may have begun while the ledger was read
         self.check_no_turn()
         if self._shutting_down:
             raise ShuttingDown()
@@ -641,6 +676,7 @@ class SessionWorker:
     async def close(self, *, force: bool = False) -> None:
         """CloseSession: ends the live process. With `force`, a running turn is ended first (as an
         Interrupt that escalates to a kill); without, a running turn is TURN_IN_FLIGHT."""
+        self.check_not_deleted()
         turn = self._turn
         if self.turn_running and turn is not None:
             if not force:
@@ -648,11 +684,36 @@ class SessionWorker:
             await self.interrupt()
             await turn.wait()
         async with self.lock:
+            self.check_not_deleted()
             self._cancel_idle_timer()
             self.process.let_go()
             await self.process.settle()
             self.update_time = await self._ctx.ledger.touch_session(self.session_id, closed=True)
             self.record = replace(self.record, closed=True)
+
+    @contextlib.asynccontextmanager
+    async def retiring(self) -> AsyncIterator[None]:
+        """DeleteSession's hold on the session. From the first moment nothing new is accepted (a
+        prompt, a rewind, a start of the CLI: SESSION_NOT_FOUND); a running turn is ended as
+        CloseSession(force) ends it (Interrupt, then a kill); a rewind in progress finishes; the
+        CLI process exits. Yields holding the lock, with no process, for the erasure. Should the
+        body fail before the registry marked the worker `deleted`, the session is usable again."""
+        self._retiring = True
+        try:
+            turn = self._turn
+            if self.turn_running and turn is not None:
+                await self.interrupt()
+                await turn.wait()
+            async with self.lock:
+                self._cancel_idle_timer()
+                if self.deleted:
+                    raise SessionNotFound(self.session_id)  # another deletion got here first
+                await self._let_go_and_forget()
+                yield
+        finally:
+            self._retiring = False
+            if self.deleted:
+                self.process.stopped = True  # no process of this session ever starts again
 
     async def hibernate(self) -> None:
         """Gives the process back (the idle timer). Skipped when the session is in use."""

@@ -15,6 +15,7 @@ clean filter, textconv or re-encoding. None of it may configure git or make it r
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 import shutil
@@ -54,9 +55,11 @@ CONFIG: tuple[tuple[str, str], ...] = (
     ("core.untrackedCache", "false"),
     # A snapshot rewrites the index twice (update-index, then write-tree saving its cache-tree):
     # with a split index that writes the few changed entries, not every entry of a big workspace.
-    # Replaced shared parts are deleted at once; only this store's git runs on the repository.
+    # Git never expires a shared part itself: it would delete the old one before the index that
+    # replaces it is in place, and a git killed in between would leave an index pointing at
+    # nothing. The store deletes the parts its index no longer uses after each snapshot.
     ("core.splitIndex", "true"),
-    ("splitIndex.sharedIndexExpire", "now"),
+    ("splitIndex.sharedIndexExpire", "never"),
     ("core.logAllRefUpdates", "false"),
     # Objects go away only when keep_only says so.
     ("gc.auto", "0"),
@@ -124,6 +127,13 @@ class Git:
         }
         self._search_path = search_path
         self._git: str | None = None
+
+    def with_index(self, index: Path) -> Git:
+        """The same sealed git on the same repository, with another index file (a scratch one)."""
+        other = copy.copy(self)
+        other.index = index
+        other._env = {**self._env, "GIT_INDEX_FILE": str(index)}
+        return other
 
     def _argv(self, args: Sequence[str]) -> list[str]:
         if self._git is None:
@@ -258,8 +268,24 @@ class Git:
             self.index.with_name(self.index.name + ".lock"),
             self.repo / "packed-refs.lock",
             self.repo / "refs" / "agent-rewind" / "keep.lock",
+            *self.repo.glob("sharedindex_*"),  # a shared index being written
         ):
             lock.unlink(missing_ok=True)
+
+    def drop_unused_shared_indexes(self) -> None:
+        """Deletes the shared index parts the index does not stand on (replaced ones, or one
+        whose index was never put in place). Same safety as clear_stale_locks."""
+        shared = list(self.repo.glob("sharedindex.*"))
+        if len(shared) > 1:
+            used = Path(os.fsdecode(self.run("rev-parse", "--shared-index-path").strip())).name
+            for part in shared:
+                if part.name != used:
+                    part.unlink(missing_ok=True)
+
+    def drop_index(self) -> None:
+        """Forgets the index (and its shared parts): the next snapshot hashes every file again."""
+        for path in (self.index, *self.repo.glob("sharedindex.*")):
+            path.unlink(missing_ok=True)
 
 
 def _remaining(deadline: float | None, args: Sequence[str]) -> float | None:

@@ -31,21 +31,25 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
 import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from agent_rewind.snapshots.errors import (
+    GitFailed,
     GitTimeout,
     RestoreError,
     SnapshotError,
+    UnsafePath,
 )
 from agent_rewind.snapshots.files import (
     MODE_EXECUTABLE,
@@ -65,8 +69,6 @@ DEFAULT_DIFF_BYTES = 64 * 1024
 _OID = re.compile(r"[0-9a-f]{40}")
 _KINDS: dict[bytes, ChangeKind] = {b"A": "added", b"D": "deleted", b"M": "modified", b"T": "modified"}
 _RESTORABLE = (MODE_FILE, MODE_EXECUTABLE, MODE_SYMLINK)
-_NEXT_FILE = re.compile(rb"^diff --git ", re.MULTILINE)
-_BINARY = re.compile(rb"^Binary files .* differ$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -158,10 +160,15 @@ class SnapshotStore:
     def _take(self, deadline: float) -> tuple[str | None, list[str]]:
         self._git.init()
         self._git.clear_stale_locks()  # a take killed at its deadline may have left one
-        changed, others = self._git.run_parallel(
-            [("diff-files", "--name-only", "-z"), ("ls-files", "-z", "--others", "--exclude-standard")],
-            deadline,
-        )
+        try:
+            changed, others = self._scan(deadline)
+        except GitFailed:
+            if not self.workspace.is_dir():
+                raise
+            # The index cannot be read (a disk fault, a crash mid-write): it is only a cache of
+            # stat data, so start over from none, hashing every file once more.
+            self._git.drop_index()
+            changed, others = self._scan(deadline)
         untracked: list[str] = []
         nested: list[str] = []
         for path in _paths(others):
@@ -186,7 +193,17 @@ class SnapshotStore:
             if said.strip():  # "Ignoring path ...": git refused a name the plan let through
                 plan.problems.append(f"git: {said.strip()[:300]}")
         tree = self._git.run("write-tree", deadline=deadline).decode().strip()
+        with contextlib.suppress(SnapshotError, OSError):  # tidying only: the tree is written
+            self._git.drop_unused_shared_indexes()
         return tree, plan.problems
+
+    def _scan(self, deadline: float) -> tuple[bytes, bytes]:
+        """The tracked paths whose stat data changed, and the untracked ones (not ignored)."""
+        changed, others = self._git.run_parallel(
+            [("diff-files", "--name-only", "-z"), ("ls-files", "-z", "--others", "--exclude-standard")],
+            deadline,
+        )
+        return changed, others
 
     def _plan(self, changed: list[str], untracked: list[str]) -> _Plan:
         """Sorts the paths git reported by what is there now, checking each file's size (lstat:
@@ -283,6 +300,80 @@ class SnapshotStore:
                 changes.append(Change(os.fsdecode(path), _KINDS.get(meta.split()[-1][:1], "modified")))
         return changes
 
+    def capture(self, paths: Iterable[str]) -> str:
+        """A tree holding just `paths` as they are in the workspace now (a path that is missing,
+        a directory, or behind a symlink is absent from it). Cheap, unlike `take`: a rewind uses
+        it to keep what it is about to change, so it can be undone. Ignore rules do not apply:
+        every path named is kept. Bounds do not apply either: the caller names the paths."""
+        self._git.init()
+        wanted = sorted({p for p in paths if _capturable(p)})
+        scratch = self.repo / f"capture-{secrets.token_hex(6)}.index"
+        git = self._git.with_index(scratch)
+        try:
+            with Workspace(self.workspace) as files:
+                present = [p for p in wanted if files.entry(p) is not None]
+            # A whole scratch index, not a split one: writing a split index would expire the
+            # shared part the store's own index stands on.
+            unsplit = ("-c", "core.splitIndex=false", "-c", "splitIndex.sharedIndexExpire=never")
+            if present:
+                git.run(*unsplit, "update-index", "--add", "-z", "--stdin", stdin=_nul(present))
+            return git.run(*unsplit, "write-tree").decode().strip()
+        finally:
+            scratch.unlink(missing_ok=True)
+            scratch.with_name(scratch.name + ".lock").unlink(missing_ok=True)
+
+    def overlay(self, base: str, source: str, paths: Iterable[str]) -> str:
+        """The tree `base` with each of `paths` as it is in `source` (a path absent there is
+        absent here): what the workspace holds after `restore(source, paths)` when it held `base`.
+        Computed from the trees alone, without scanning the workspace."""
+        wanted = sorted(set(paths))
+        if not wanted:
+            return _oid(base)
+        entries = self._entries(source)
+        lines = []
+        for path in wanted:
+            entry = entries.get(path)
+            if entry is None:
+                lines.append(f"0 {'0' * 40}\t{path}\0")
+            else:
+                lines.append(f"{entry.mode} {entry.oid}\t{path}\0")
+        scratch = self.repo / f"overlay-{secrets.token_hex(6)}.index"
+        git = self._git.with_index(scratch)
+        unsplit = ("-c", "core.splitIndex=false", "-c", "splitIndex.sharedIndexExpire=never")
+        try:
+            git.run(*unsplit, "read-tree", _oid(base))
+            git.run(*unsplit, "update-index", "-z", "--index-info", stdin="".join(lines).encode())
+            return git.run(*unsplit, "write-tree").decode().strip()
+        finally:
+            scratch.unlink(missing_ok=True)
+            scratch.with_name(scratch.name + ".lock").unlink(missing_ok=True)
+
+    def changes_many(self, pairs: Sequence[tuple[str, str]]) -> list[list[Change]]:
+        """`changes(a, b)` for every pair, in one git process (a rewind compares every interval
+        of the history it covers: hundreds of pairs for a point hundreds of turns back)."""
+        wanted = [(_oid(a), _oid(b)) for a, b in pairs]
+        distinct = sorted({pair for pair in wanted if pair[0] != pair[1]})
+        found: dict[tuple[str, str], list[Change]] = {pair: [] for pair in distinct}
+        if distinct:
+            stdin = "".join(f"{a} {b}\n" for a, b in distinct).encode()
+            out = self._git.run("diff-tree", "--stdin", "-r", "-z", "--no-renames", stdin=stdin)
+            current: list[Change] | None = None
+            at = 0
+            while at < len(out):
+                if out[at : at + 1] == b":":  # a record: ":meta\0path\0"
+                    meta_end = out.index(b"\0", at)
+                    path_end = out.index(b"\0", meta_end + 1)
+                    meta, path = out[at:meta_end], out[meta_end + 1 : path_end]
+                    assert current is not None
+                    current.append(Change(os.fsdecode(path), _KINDS.get(meta.split()[-1][:1], "modified")))
+                    at = path_end + 1
+                else:  # a pair's header: "<a> <b>\n"
+                    line_end = out.index(b"\n", at)
+                    a, _, b = out[at:line_end].decode().partition(" ")
+                    current = found[(a, b)]
+                    at = line_end + 1
+        return [found.get(pair, []) for pair in wanted]
+
     def files(self, tree: str) -> list[str]:
         """Every path tree `tree` holds (to restore all of it, e.g. into a forked workspace)."""
         return sorted(self._entries(tree))
@@ -291,32 +382,64 @@ class SnapshotStore:
         self, a: str, b: str, paths: Iterable[str] | None = None, max_bytes: int = DEFAULT_DIFF_BYTES
     ) -> list[FileDiff]:
         """Git's patch per changed path from tree `a` to tree `b` (only `paths` when given), each
-        cut at `max_bytes`. Binary content is flagged, not shown."""
+        cut at `max_bytes`; binary content is flagged, not shown. One git streams the patches of
+        a batch of paths, and no more than `max_bytes` of a path's patch is ever kept."""
         a, b = _oid(a), _oid(b)
+        changes = self._typed_changes(a, b)
         wanted = None if paths is None else set(paths)
-        diffs: list[FileDiff] = []
-        for change in self.changes(a, b):
-            if wanted is not None and change.path not in wanted:
+        found: dict[str, FileDiff] = {}
+        for batch in [[]] if wanted is None else _batches(sorted(wanted)):
+            # A pathspec matches its path and everything under it. Git's patches come in the
+            # order of its changes, two for a change of type (a file that became a symlink).
+            spec = set(batch)
+            matched = [(c, retyped) for c, retyped in changes if not spec or _under(c.path, spec)]
+            if not matched:
                 continue
-            patch = self._git.run(
-                "diff-tree", "-p", "--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
-                a, b, "--", change.path,
-            )  # fmt: skip
-            # A file replaced by a directory matches both; the file's own patch sorts first.
-            following = _NEXT_FILE.search(patch, 1)
-            if following:
-                patch = patch[: following.start()]
-            header = patch.split(b"\n@@", 1)[0]
-            diffs.append(
-                FileDiff(
-                    path=change.path,
-                    change=change.kind,
-                    unified_diff=patch[:max_bytes].decode("utf-8", errors="replace"),
-                    binary=_BINARY.search(header) is not None,
-                    truncated=len(patch) > max_bytes,
-                )
-            )
-        return diffs
+            patches = iter(self._patches(a, b, batch, max_bytes, sum(1 + retyped for _, retyped in matched)))
+            for change, retyped in matched:
+                parts = [next(patches) for _ in range(1 + retyped)]
+                if (wanted is None or change.path in wanted) and change.path not in found:
+                    found[change.path] = _file_diff(change, parts, max_bytes)
+        return [found[c.path] for c, _ in changes if c.path in found]
+
+    def _typed_changes(self, a: str, b: str) -> list[tuple[Change, bool]]:
+        """changes(a, b), each with whether the path changed type (file, symlink)."""
+        out = self._git.run("diff-tree", "-r", "-z", "--no-renames", a, b)
+        fields = out.split(b"\0")
+        typed: list[tuple[Change, bool]] = []
+        for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+            if meta.startswith(b":"):
+                old, new, *_, status = meta[1:].split()
+                change = Change(os.fsdecode(path), _KINDS.get(status[:1], "modified"))
+                typed.append((change, status[:1] == b"T" and int(old, 8) >> 12 != int(new, 8) >> 12))
+        return typed
+
+    def _patches(self, a: str, b: str, pathspec: list[str], max_bytes: int, expected: int) -> list[_Patch]:
+        proc = self._git.popen(
+            "diff-tree", "-r", "-p", "--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
+            a, b, "--", *pathspec,
+        )  # fmt: skip
+        patches: list[_Patch] = []
+        try:
+            assert proc.stdin is not None and proc.stdout is not None  # both are pipes
+            proc.stdin.close()
+            for line in proc.stdout:
+                if line.startswith(b"diff --git "):
+                    patches.append(_Patch())
+                if patches:
+                    patches[-1].add(line, max_bytes)
+            if proc.wait() != 0:
+                raise GitFailed("diff-tree", proc.returncode, "")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+        if len(patches) != expected:
+            raise SnapshotError(f"git gave {len(patches)} patches for {expected} changes")
+        return patches
 
     def numstat(self, a: str, b: str, paths: Iterable[str] | None = None) -> tuple[int, int]:
         """Lines inserted and deleted from tree `a` to tree `b` in `paths` (all when None);
@@ -464,6 +587,64 @@ class _Blobs:
         return data
 
 
+class _Patch:
+    """The start of one `diff --git` section of a patch stream, and its whole length."""
+
+    __slots__ = ("binary", "in_header", "size", "text")
+
+    def __init__(self) -> None:
+        self.text = bytearray()
+        self.size = 0
+        self.binary = False
+        self.in_header = True
+
+    def add(self, line: bytes, max_bytes: int) -> None:
+        if self.in_header:
+            if line.startswith(b"@@"):
+                self.in_header = False
+            elif line.startswith(b"Binary files ") and line.rstrip(b"\n").endswith(b" differ"):
+                self.binary = True
+        room = max_bytes - len(self.text)
+        if room > 0:
+            self.text += line[:room]
+        self.size += len(line)
+
+
+def _file_diff(change: Change, parts: list[_Patch], max_bytes: int) -> FileDiff:
+    text = b"".join(bytes(part.text) for part in parts)[:max_bytes]
+    return FileDiff(
+        path=change.path,
+        change=change.kind,
+        unified_diff=text.decode("utf-8", errors="replace"),
+        binary=any(part.binary for part in parts),
+        truncated=sum(part.size for part in parts) > max_bytes,
+    )
+
+
+def _batches(paths: list[str], max_bytes: int = 64 * 1024) -> Iterator[list[str]]:
+    """Paths in groups small enough for one command line."""
+    batch: list[str] = []
+    size = 0
+    for path in paths:
+        if batch and size + len(path) > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += len(path) + 1
+    if batch:
+        yield batch
+
+
+def _under(path: str, spec: set[str]) -> bool:
+    """Whether a pathspec of `spec` matches `path`: the path itself or one of its directories."""
+    while True:
+        if path in spec:
+            return True
+        path, slash, _ = path.rpartition("/")
+        if not slash:
+            return False
+
+
 def _apply(
     workspace: Workspace, blobs: _Blobs, entries: dict[str, Entry], paths: Sequence[str], touched: list[str]
 ) -> None:
@@ -504,6 +685,14 @@ def _refused_by_git(path: str, is_link: bool) -> str:
     if is_link and any(part.lower() == ".gitmodules" for part in parts):
         return "a symlink named .gitmodules"
     return ""
+
+
+def _capturable(path: str) -> bool:
+    try:
+        split(path)
+    except UnsafePath:
+        return False
+    return True
 
 
 def _oid(value: str) -> str:

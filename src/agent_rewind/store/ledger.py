@@ -170,6 +170,19 @@ class SnapshotRecord:
     occur_time: datetime
 
 
+@dataclass(frozen=True)
+class Tombstone:
+    """What remains of a deleted session (DeleteSession): no content, only that it existed."""
+
+    session_id: str
+    principal: str
+    create_time: datetime
+    deleted_time: datetime
+    # What remains to erase on disk (`erasure` of `erase_session`) until `finish_erasure`; None
+    # once everything is gone.
+    erasure: dict[str, Any] | None
+
+
 class RequestIdTaken(Exception):
     """A request id is already recorded (the caller compares it with its own call)."""
 
@@ -288,6 +301,40 @@ class Ledger(Protocol):
     async def trim_events(self, keep: int | None, older_than: datetime | None) -> int:
         """Drops events beyond the newest `keep`, and those older than `older_than`, always a prefix
         of the log (everything up to the newest old one); how many."""
+        ...
+
+    # Erasure
+
+    async def erase_session(
+        self,
+        session_id: str,
+        event: NewEvent,
+        request: NewRequest | None = None,
+        erasure: dict[str, Any] | None = None,
+    ) -> EventRecord:
+        """DeleteSession's commit point, one transaction: the session becomes a tombstone (its id,
+        owner and creation time; no workspace, no options) holding `erasure`, what remains to
+        erase on disk, until `finish_erasure`; its pending cuts, rewinds, snapshot records and
+        request ids (their fingerprints and results hold prompt and turn text) are deleted, the
+        file paths in its earlier events are blanked, `request` is recorded as done, and `event`
+        (SESSION_DELETED) is appended; returns it, with its cursor. What was deleted does not
+        survive in the store's files either. From then on `session` and `sessions` do not
+        return it, and `add_session` of its id fails.
+
+        LookupError when there is no such session (or it is deleted already); RequestIdTaken
+        when the request id is recorded (for whatever call)."""
+        ...
+
+    async def tombstone(self, session_id: str) -> Tombstone | None:
+        """The tombstone of a deleted session; None for a live session or an unknown id."""
+        ...
+
+    async def unfinished_erasures(self) -> list[Tombstone]:
+        """Tombstones whose erasure on disk is not known to be finished (a crash midway)."""
+        ...
+
+    async def finish_erasure(self, session_id: str) -> None:
+        """Everything on disk is erased: the tombstone forgets what its erasure needed."""
         ...
 
 

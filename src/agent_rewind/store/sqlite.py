@@ -35,6 +35,7 @@ from agent_rewind.store.ledger import (
     RewindRecord,
     SessionRecord,
     SnapshotRecord,
+    Tombstone,
     dumps,
     now,
 )
@@ -151,6 +152,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX snapshots_session ON snapshots(session_id, seq);
     """,
+    # 4: DeleteSession. A deleted session stays as a tombstone (its id, owner and creation time, so
+    # the id is never reused), with what remains to erase on disk until that is done.
+    """
+    ALTER TABLE sessions ADD COLUMN deleted_time TEXT;
+    ALTER TABLE sessions ADD COLUMN erasure_json TEXT;
+    """,
 )
 
 
@@ -185,6 +192,9 @@ class SqliteLedger:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA foreign_keys=ON")
+        # What is deleted (a DeleteSession's content above all) is overwritten with zeros, not left
+        # in free pages for anyone who reads the file.
+        db.execute("PRAGMA secure_delete=ON")
         # Another writer (a backup, an operator's sqlite3 shell) gets a few seconds, not an error.
         db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         return db
@@ -318,13 +328,16 @@ class SqliteLedger:
         await self._write(delete)
 
     async def session(self, session_id: str) -> SessionRecord | None:
-        rows = self._rows("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
+        rows = self._rows(
+            "SELECT * FROM sessions WHERE session_id = ? AND deleted_time IS NULL", (session_id,)
+        )
         return self._session(rows[0]) if rows else None
 
     async def sessions(self) -> list[SessionRecord]:
-        return [
-            self._session(r) for r in self._rows("SELECT * FROM sessions ORDER BY create_time, session_id")
-        ]
+        rows = self._rows(
+            "SELECT * FROM sessions WHERE deleted_time IS NULL ORDER BY create_time, session_id"
+        )
+        return [self._session(r) for r in rows]
 
     async def touch_session(
         self, session_id: str, *, closed: bool | None = None, started: bool | None = None
@@ -597,6 +610,103 @@ class SqliteLedger:
             return dropped
 
         return await self._write(trim)
+
+    # Erasure
+
+    async def erase_session(
+        self,
+        session_id: str,
+        event: NewEvent,
+        request: NewRequest | None = None,
+        erasure: dict[str, Any] | None = None,
+    ) -> EventRecord:
+        stamp = now().isoformat()
+
+        def erase(db: sqlite3.Connection) -> EventRecord:
+            live = db.execute(
+                "SELECT 1 FROM sessions WHERE session_id = ? AND deleted_time IS NULL", (session_id,)
+            ).fetchone()
+            if live is None:
+                raise LookupError(f"no session {session_id}")
+            if request is not None:
+                taken = db.execute(
+                    "SELECT * FROM requests WHERE request_id = ?", (request.request_id,)
+                ).fetchone()
+                if taken is not None:
+                    raise RequestIdTaken(_request(taken))
+            db.execute(
+                "UPDATE sessions SET cwd = '', options_json = '{}', request_id = NULL, closed = 1,"
+                " update_time = ?, deleted_time = ?, erasure_json = ? WHERE session_id = ?",
+                (stamp, stamp, dumps(erasure) if erasure is not None else None, session_id),
+            )
+            db.execute("DELETE FROM anchors WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM rewinds WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM snapshots WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM requests WHERE session_id = ?", (session_id,))
+            # The events stay (cursors are gap-free, and watchers must learn of the deletion), but
+            # the paths a rewind changed are the workspace's content: they go.
+            db.execute(
+                "UPDATE events SET data_json = json_set(data_json, '$.files.files_changed', json('[]'))"
+                " WHERE session_id = ? AND json_type(data_json, '$.files.files_changed') = 'array'"
+                " AND json_array_length(data_json, '$.files.files_changed') > 0",
+                (session_id,),
+            )
+            if request is not None:
+                _insert_request(db, request, stamp, result={})
+                db.execute("UPDATE requests SET done = 1 WHERE request_id = ?", (request.request_id,))
+            cursor = _append_event(db, event, stamp)
+            return _appended(cursor, event, stamp)
+
+        committed = await self._write(erase)
+        await asyncio.to_thread(self._truncate_wal)
+        return committed
+
+    def _truncate_wal(self) -> None:
+        """Folds the write-ahead log into the database file and truncates it to nothing: frames
+        holding pages as they were before a deletion must not linger in the -wal file. A reader
+        in the middle of a query holds it up for a moment, so it is tried a few times;
+        after that the next erasure's checkpoint (or closing the ledger) truncates it."""
+        with self._write_lock:
+            for _ in range(5):
+                try:
+                    busy = self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+                except sqlite3.OperationalError:
+                    busy = 1
+                if not busy:
+                    return
+                time.sleep(0.02)
+
+    @staticmethod
+    def _tombstone(row: sqlite3.Row) -> Tombstone:
+        return Tombstone(
+            session_id=row["session_id"],
+            principal=row["principal"],
+            create_time=_time(row["create_time"]),
+            deleted_time=_time(row["deleted_time"]),
+            erasure=_loads(row["erasure_json"]) if row["erasure_json"] else None,
+        )
+
+    async def tombstone(self, session_id: str) -> Tombstone | None:
+        rows = self._rows(
+            "SELECT * FROM sessions WHERE session_id = ? AND deleted_time IS NOT NULL", (session_id,)
+        )
+        return self._tombstone(rows[0]) if rows else None
+
+    async def unfinished_erasures(self) -> list[Tombstone]:
+        rows = self._rows(
+            "SELECT * FROM sessions WHERE deleted_time IS NOT NULL AND erasure_json IS NOT NULL"
+            " ORDER BY deleted_time, session_id"
+        )
+        return [self._tombstone(r) for r in rows]
+
+    async def finish_erasure(self, session_id: str) -> None:
+        await self._write(
+            lambda db: db.execute(
+                "UPDATE sessions SET erasure_json = NULL WHERE session_id = ? AND deleted_time IS NOT NULL",
+                (session_id,),
+            )
+        )
+        await asyncio.to_thread(self._truncate_wal)
 
 
 def _statements(script: str) -> list[str]:

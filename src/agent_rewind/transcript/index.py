@@ -580,6 +580,10 @@ class ConversationView:
     def leaf(self) -> str | None:
         return self._leaf.uuid if self._leaf is not None else None
 
+    def offsets(self) -> list[int]:
+        """Where the visible chain's lines are in the transcript, root first (to copy it)."""
+        return [entry.offset for entry in self._chain.entries[: self._n]]
+
     @property
     def last_message_id(self) -> str:
         """The newest visible user or assistant message, "" if none."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import any_pb2, timestamp_pb2
+from google.protobuf import any_pb2, empty_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -27,6 +27,7 @@ from agent_rewind.cli import EXIT_INTERRUPTED, main
 from agent_rewind.client import Client
 
 SID = "11111111-2222-3333-4444-555555555555"
+RID = "99999999-8888-4777-8666-555555555555"
 
 
 def abort(context: Any, code: int, message: str, reason: str, metadata: dict[str, str]) -> None:
@@ -101,6 +102,22 @@ class Sessions(session_service_pb2_grpc.SessionServiceServicer):
         self.requests.append(request)
         return session_pb2.Session(session_id=request.session_id, state=session_pb2.SESSION_STATE_CLOSED)
 
+    def ForkSession(self, request: Any, context: Any) -> session_pb2.Session:  # noqa: N802
+        self.requests.append(request)
+        return session_pb2.Session(session_id="f0rk", cwd="/ws/f0rk", state=session_pb2.SESSION_STATE_IDLE)
+
+    def DeleteSession(self, request: Any, context: Any) -> empty_pb2.Empty:  # noqa: N802
+        self.requests.append(request)
+        if request.session_id != SID:
+            abort(
+                context,
+                code_pb2.NOT_FOUND,
+                f"session {request.session_id!r} not found",
+                "SESSION_NOT_FOUND",
+                {"session_id": request.session_id},
+            )
+        return empty_pb2.Empty()
+
 
 # What the fake WatchRewindEvents sends, in order: a response, or a call that aborts the stream.
 WatchStep = rewind_service_pb2.WatchRewindEventsResponse | Callable[[Any], None]
@@ -147,6 +164,17 @@ class Rewinds(rewind_service_pb2_grpc.RewindServiceServicer):
             {"last_message_id": "last-2"},
         )
         raise AssertionError("unreachable")
+
+    def UndoRewind(self, request: Any, context: Any) -> rewind_pb2.RewindResult:  # noqa: N802
+        self.requests.append(("UndoRewind", request))
+        return rewind_pb2.RewindResult(
+            rewind_id=request.rewind_id,
+            files=rewind_pb2.FilesRewindResult(requested=True, can_rewind=True, files_changed=["/ws/a.txt"]),
+            conversation=rewind_pb2.ConversationRewindResult(
+                requested=True, can_rewind=True, rewound=not request.validate_only
+            ),
+            last_message_id="last-0",
+        )
 
     def WatchRewindEvents(  # noqa: N802
         self, request: Any, context: Any
@@ -455,6 +483,28 @@ def test_interrupt_and_close_print_the_session(
     assert lines[:2] == [f"session_id          {SID}", f"state               {state}"]
 
 
+def test_session_delete_sends_the_flags_and_says_what_it_deleted(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, sessions, _ = server
+    request_id = "9a4f0c3e-1111-4222-8333-444455556666"
+    assert (
+        main(["--server", address, "session", "delete", SID, "--workspace", "--request-id", request_id]) == 0
+    )
+    assert capsys.readouterr().out == f"deleted {SID} and its workspace\n"
+    assert main(["--server", address, "--json", "session", "delete", SID]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "session_id": SID,
+        "deleted": True,
+        "workspace_deleted": False,
+    }
+    first, second = sessions.requests
+    assert (first.session_id, first.delete_workspace, first.request_id) == (SID, True, request_id)
+    assert (second.delete_workspace, len(second.request_id)) == (False, 36), "a fresh request id"
+    assert main(["--server", address, "session", "delete", "someone-else"]) == 1
+    assert "NOT_FOUND SESSION_NOT_FOUND" in capsys.readouterr().err
+
+
 def test_capabilities_json(server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]) -> None:
     address, _, _ = server
     assert main(["--server", address, "--json", "capabilities"]) == 0
@@ -753,3 +803,57 @@ def test_watch_flushes_every_line_and_ctrl_c_exits_130_saying_where_to_resume(
         event_line(2),
     ]
     assert capsys.readouterr().err.splitlines() == ["stopped watching; resume with --after 2"]
+
+
+def test_prompt_rewind_to_sends_the_rewind_with_the_prompt(server: tuple[str, Sessions, Rewinds]) -> None:
+    address, sessions, _ = server
+    argv = ["--server", address, "prompt", SID, "again", "--rewind-to", "p0", "--mode", "both"]
+    assert main([*argv, "--conflicts", "overwrite", "--expect-last", "last-1"]) == 0
+    (request,) = sessions.requests
+    assert request.HasField("rewind") and request.text == "again"
+    assert (request.rewind.message_id, request.rewind.mode, request.rewind.conflict_policy) == (
+        "p0",
+        rewind_pb2.REWIND_MODE_BOTH,
+        rewind_pb2.CONFLICT_POLICY_OVERWRITE,
+    )
+    assert request.rewind.expected_last_message_id == "last-1"
+
+
+def test_prompt_without_rewind_to_sends_no_rewind_and_mode_alone_is_a_usage_error(
+    server: tuple[str, Sessions, Rewinds],
+) -> None:
+    address, sessions, _ = server
+    assert main(["--server", address, "prompt", SID, "plain"]) == 0
+    assert not sessions.requests[0].HasField("rewind")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server", address, "prompt", SID, "plain", "--mode", "both"])
+    assert exit_info.value.code == 2
+    assert len(sessions.requests) == 1, "nothing sent"
+
+
+def test_undo_sends_the_rewind_and_prints_what_it_put_back(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    assert main(["--server", address, "undo", SID, "r-1", "--conflicts", "skip", "--request-id", RID]) == 0
+    ((method, request),) = rewinds.requests
+    assert (method, request.rewind_id, request.validate_only) == ("UndoRewind", "r-1", False)
+    assert (request.conflict_policy, request.request_id) == (rewind_pb2.CONFLICT_POLICY_SKIP, RID)
+    out = capsys.readouterr().out
+    assert "undid            r-1" in out and "/ws/a.txt" in out and "rewound: yes" in out
+    assert main(["--server", address, "undo", SID, "r-1", "--dry-run"]) == 0
+    assert rewinds.requests[-1][1].validate_only
+    assert "rewound: no" in capsys.readouterr().out
+
+
+def test_session_fork_sends_the_point_and_prints_the_new_session(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, sessions, _ = server
+    assert main(["--server", address, "session", "fork", SID, "p0", "--cwd", "forked"]) == 0
+    (request,) = sessions.requests
+    assert (request.session_id, request.message_id, request.cwd) == (SID, "p0", "forked")
+    assert request.request_id, "a fresh request id, so a retry is safe"
+    assert "f0rk" in capsys.readouterr().out
+    assert main(["--server", address, "session", "fork", SID]) == 0
+    assert sessions.requests[-1].message_id == "", "no point: the whole session"

@@ -512,6 +512,8 @@ def test_capabilities_block() -> None:
         max_live_sessions=14,
         workspace_snapshots=True,
         authentication=True,
+        undo_rewind=True,
+        fork_session=True,
     )
     assert format_capabilities(caps).splitlines() == [
         "service_version         0.1.0",
@@ -525,6 +527,10 @@ def test_capabilities_block() -> None:
         "max_live_sessions       14",
         "workspace_snapshots     yes",
         "authentication          yes",
+        "undo_rewind             yes",
+        "prompt_rewind           no",
+        "fork_session            yes",
+        "delete_session          no",
     ]
 
 

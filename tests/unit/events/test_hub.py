@@ -614,3 +614,34 @@ async def test_events_trimmed_before_the_hub_learned_of_them_do_not_stall_live_d
     assert await take(watch, 1) == [CaughtUp(5)]
     hub.publish(await log.append())
     assert await take(watch, 1) == [6]
+
+
+async def test_a_session_s_deletion_replays_its_earlier_events_as_the_ledger_now_has_them(
+    hubs: MakeHub, log: Log, ledger: SqliteLedger
+) -> None:
+    """DeleteSession blanks what the session's earlier events said of its files in the ledger:
+    the hub does not hand on the copies it held in memory."""
+    hub = await hubs()
+    await ledger.begin_rewind(NewRewind("rw-files", SID, "m", "files", {}, principal="alice"))
+    rewound = await ledger.complete_rewind(
+        "rw-files",
+        {},
+        None,
+        NewEvent("REWOUND", SID, "rw-files", "alice", {"files": {"files_changed": ["/ws/secret.txt"]}}),
+    )
+    theirs = await log.append(OTHER)
+    for event in (rewound, theirs):
+        hub.publish(event)
+    deleted = await ledger.erase_session(SID, NewEvent("SESSION_DELETED", SID, data={"owner": ""}))
+    hub.publish(deleted)
+    watch = hub.watch(0, None, everything)
+    replay = [await next_of(watch) for _ in range(4)]
+    await watch.aclose()
+    assert [shown(i) for i in replay] == [
+        rewound.cursor,
+        theirs.cursor,
+        deleted.cursor,
+        CaughtUp(deleted.cursor),
+    ]
+    assert isinstance(replay[0], EventRecord) and replay[0].data == {"files": {"files_changed": []}}
+    assert replay[1] == theirs

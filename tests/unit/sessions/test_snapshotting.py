@@ -32,6 +32,13 @@ async def snaps(tmp_path: Path) -> AsyncIterator[tuple[Snapshots, Path]]:
         await ledger.close()
 
 
+def _has(repo: Path, oid: str) -> bool:
+    return (
+        subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", oid], capture_output=True).returncode
+        == 0
+    )
+
+
 async def _turn(snaps: Snapshots, ws: Path, prompt: str, write: dict[str, str]) -> None:
     await snaps.take_and_record(SID, str(ws), TURN_START, prompt)
     for name, text in write.items():
@@ -75,10 +82,8 @@ async def test_retention_prunes_old_points_and_collects_their_objects(
     assert s.available(records) == {"p0": False, "p1": False, "p2": True, "p3": True}
     assert [r.reason for r in records[:4]] == ["pruned"] * 4
     repo = s.root / f"{SID}.git"
-    gone = subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", first_tree], capture_output=True)
-    assert gone.returncode != 0, "an unreachable tree is collected"
+    assert not _has(repo, first_tree), "an unreachable tree is collected"
     kept = records[4].tree
-    assert kept is not None
-    assert subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", kept]).returncode == 0
+    assert kept is not None and _has(repo, kept)
     await s.retain(SID, str(ws), points=0)  # 0 keeps everything: nothing more is pruned
     assert await s.records(SID) == records

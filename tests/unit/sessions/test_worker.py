@@ -23,6 +23,7 @@ from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
     RequestIdReused,
+    SessionNotFound,
     ShuttingDown,
     StorageUnavailable,
     TurnInFlight,
@@ -1392,3 +1393,61 @@ async def test_a_cut_without_a_live_process_starts_none(make_worker: MakeWorker)
         await within(worker.cut_conversation("prompt-x"))
     await asyncio.sleep(0.05)  # nothing to await for what must not happen
     assert factory.clients == []
+
+
+# DeleteSession's hold on a worker (`retiring`)
+
+
+async def test_retiring_ends_a_running_turn_and_the_process_and_refuses_new_work(
+    make_worker: MakeWorker,
+) -> None:
+    never = asyncio.Event()
+    worker, factory = await make_worker(factory=setup(turn_gate=never))
+    turn = await sent(worker.start_turn("long job"))
+    async with asyncio.timeout(SOON), worker.retiring():
+        assert turn.done and worker.lock.locked()
+        assert factory.last.closed and not worker.process.alive
+        with pytest.raises(SessionNotFound):
+            await worker.start_turn("another")
+        worker.deleted = True  # the registry's commit
+    events = await collect(turn)
+    assert isinstance(events[-1], ResultEvent) and events[-1].interrupted
+    assert worker.gone and worker.process.stopped and not worker.lock.locked()
+    for refused in (worker.start_turn("after"), worker.close(), worker.ensure_client()):
+        with pytest.raises(SessionNotFound):
+            await refused
+    with pytest.raises(SessionNotFound):
+        async with worker.exclusive():
+            pass
+    assert len(factory.clients) == 1, "no process was started for a deleted session"
+
+
+async def test_a_prompt_accepted_before_the_deletion_never_starts_a_process(make_worker: MakeWorker) -> None:
+    worker, factory = await make_worker()
+    async with worker.lock:  # a rewind in progress: the prompt waits for the lock
+        turn = await within(worker.start_turn("queued"))
+        retiring = asyncio.create_task(_retire(worker))
+        await asyncio.sleep(0.05)
+        assert not retiring.done(), "the deletion waits for the rewind, then for the turn"
+    await within(retiring)
+    with pytest.raises(SessionNotFound):
+        await collect(turn)
+    assert factory.clients == []
+
+
+async def _retire(worker: SessionWorker) -> None:
+    async with worker.retiring():
+        worker.deleted = True
+
+
+async def test_a_deletion_that_fails_before_its_commit_leaves_the_session_usable(
+    make_worker: MakeWorker,
+) -> None:
+    worker, _ = await make_worker()
+    with pytest.raises(StorageUnavailable):
+        async with worker.retiring():
+            raise StorageUnavailable("disk full")
+    assert not worker.gone and not worker.process.stopped
+    turn = await within(worker.start_turn("still here"))
+    events = await collect(turn)
+    assert isinstance(events[-1], ResultEvent) and not events[-1].is_error

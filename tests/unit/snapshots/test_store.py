@@ -499,6 +499,33 @@ def test_a_timeout_makes_the_snapshot_incomplete_and_the_next_one_is_right(
     assert tree_entries(store, tree) == {"a.txt": ("100644", b"a\n")}
 
 
+@pytest.mark.parametrize("damage", ["garbage index", "shared part gone"])
+def test_an_unreadable_index_is_rebuilt(store: SnapshotStore, workspace: Path, damage: str) -> None:
+    write(workspace / "a.txt", "a\n")
+    write(workspace / "d" / "b.txt", "b\n")
+    first = take(store)
+    if damage == "garbage index":
+        (store.repo / "snapshot.index").write_bytes(b"DIRC not really an index")
+    else:
+        for part in store.repo.glob("sharedindex.*"):
+            part.unlink()
+    write(workspace / "a.txt", "a, changed\n")
+    second = take(store)
+    assert tree_entries(store, second) == {
+        "a.txt": ("100644", b"a, changed\n"),
+        "d/b.txt": ("100644", b"b\n"),
+    }
+    assert store.changes(first, second) == [Change("a.txt", "modified")]
+
+
+def test_replaced_shared_index_parts_are_deleted(store: SnapshotStore, workspace: Path) -> None:
+    for round_ in range(4):
+        for i in range(10):  # as many new entries as old: git writes a new shared part each time
+            write(workspace / f"f{round_}-{i}.txt", f"{round_} {i}\n")
+        take(store)
+        assert len(list(store.repo.glob("sharedindex.*"))) == 1
+
+
 # Keeping
 
 
@@ -590,3 +617,100 @@ def test_diff_is_cut_at_the_bound_and_limited_to_the_paths_asked(
     assert cut.unified_diff.startswith("diff --git a/text.txt b/text.txt\n")
     (whole,) = store.diff(start, end, ["text.txt"])
     assert not whole.truncated and whole.unified_diff.startswith(cut.unified_diff)
+
+
+def test_capture_keeps_just_the_named_paths_as_they_are_now_ignored_ones_included(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".gitignore").write_text("ignored.txt\n")
+    (ws / "a.txt").write_text("a")
+    (ws / "ignored.txt").write_text("kept anyway")
+    (ws / "d").mkdir()
+    (ws / "d" / "b.txt").write_text("b")
+    (ws / "other.txt").write_text("not named")
+    os.symlink("/etc/passwd", ws / "link")
+    store = SnapshotStore(tmp_path / "repo.git", ws)
+    tree = store.capture(["a.txt", "ignored.txt", "d/b.txt", "missing.txt", "link", "../escape", ".git/x"])
+    assert store.files(tree) == ["a.txt", "d/b.txt", "ignored.txt", "link"]
+    # Restoring from it after changes puts the named paths back; a missing one stays missing.
+    (ws / "a.txt").write_text("changed")
+    (ws / "missing.txt").write_text("new")
+    now = store.capture(["a.txt", "missing.txt"])
+    store.restore(tree, ["a.txt", "missing.txt"], rollback=now)
+    assert (ws / "a.txt").read_text() == "a" and not (ws / "missing.txt").exists()
+    assert os.readlink(ws / "link") == "/etc/passwd"
+    assert not list((tmp_path / "repo.git").glob("capture-*")), "the scratch index is gone"
+
+
+def test_a_capture_leaves_the_stores_own_index_working(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(3):
+        (ws / f"f{i}.txt").write_text(str(i))
+    store = SnapshotStore(tmp_path / "repo.git", ws)
+    first = store.take()
+    store.capture(["f0.txt", "f1.txt"])
+    (ws / "f2.txt").write_text("changed")
+    second = store.take()
+    assert first.complete and second.complete
+    assert first.tree is not None and second.tree is not None
+    assert [c.path for c in store.changes(first.tree, second.tree)] == ["f2.txt"]
+
+
+def test_overlay_is_the_tree_a_restore_leaves_without_scanning(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "a.txt").write_text("a1")
+    (ws / "d" / "b.txt").write_text("b1")
+    store = SnapshotStore(tmp_path / "repo.git", ws)
+    old = store.take().tree
+    (ws / "a.txt").write_text("a2")
+    (ws / "d" / "b.txt").unlink()
+    (ws / "c.txt").write_text("c2")
+    (ws / "other.txt").write_text("untouched")
+    now = store.take().tree
+    assert old is not None and now is not None
+    paths = ["a.txt", "c.txt", "d/b.txt"]
+    predicted = store.overlay(now, old, paths)
+    store.restore(old, paths, rollback=now)
+    assert predicted == store.take().tree
+    assert store.overlay(now, old, []) == now
+
+
+def test_changes_many_answers_like_changes_for_every_pair(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    store = SnapshotStore(tmp_path / "repo.git", ws)
+    trees = []
+    for i in range(4):
+        (ws / f"f{i}.txt").write_text(str(i))
+        if i == 2:
+            (ws / "f0.txt").unlink()
+        trees.append(store.take().tree)
+    assert all(t is not None for t in trees)
+    pairs = [(trees[0], trees[1]), (trees[1], trees[3]), (trees[2], trees[2]), (trees[3], trees[0])]
+    many = store.changes_many(pairs)  # type: ignore[arg-type]
+    assert many == [store.changes(a, b) for a, b in pairs]  # type: ignore[arg-type]
+    assert [len(c) for c in many] == [1, 3, 0, 4]
+
+
+def test_diff_keeps_each_path_to_its_own_patch(store: SnapshotStore, workspace: Path) -> None:
+    write(workspace / "kind", "a file\n")
+    write(workspace / "x", "file x\n")
+    write(workspace / "after.txt", "1\n")
+    start = take(store)
+    (workspace / "kind").unlink()
+    (workspace / "kind").symlink_to("after.txt")  # a change of type: git gives two patches
+    (workspace / "x").unlink()
+    write(workspace / "x" / "inner.txt", "inner\n")  # a pathspec "x" matches x/inner.txt too
+    write(workspace / "after.txt", "2\n")
+    end = take(store)
+    diffs = {d.path: d for d in store.diff(start, end)}
+    assert sorted(diffs) == ["after.txt", "kind", "x", "x/inner.txt"]
+    assert "-a file\n" in diffs["kind"].unified_diff and "+after.txt" in diffs["kind"].unified_diff
+    assert "-file x\n" in diffs["x"].unified_diff and "inner" not in diffs["x"].unified_diff
+    assert "+inner\n" in diffs["x/inner.txt"].unified_diff
+    assert "+2\n" in diffs["after.txt"].unified_diff and "kind" not in diffs["after.txt"].unified_diff
+    only = store.diff(start, end, ["x", "after.txt"])
+    assert [d.path for d in only] == ["after.txt", "x"]
+    assert only[1] == diffs["x"]

@@ -338,3 +338,129 @@ async def test_pruned_snapshots_lose_their_trees_and_say_so(ledger: Ledger) -> N
         ("t2", True, ""),
     ]
     assert await ledger.snapshots(OTHER) == [other], "another session's are untouched"
+
+
+# Erasure (DeleteSession)
+
+
+def _deleted(session_id: str = SID, **data: Any) -> NewEvent:
+    return NewEvent("SESSION_DELETED", session_id, principal="admin", data={"owner": "alice", **data})
+
+
+async def _session_with_everything(ledger: Ledger, sid: str = SID) -> None:
+    """A session with a row in every table that may hold its content."""
+    await ledger.add_session(
+        _session(sid, options={"system_prompt": "the secret"}, principal="alice"),
+        NewRequest(f"create-{sid}", "CreateSession", '["the secret"]', sid),
+    )
+    await ledger.begin_request(NewRequest(f"prompt-{sid}", "Prompt", '["the secret prompt"]', sid))
+    await ledger.finish_request(f"prompt-{sid}", {"events": ["the secret reply"]})
+    await _begin(ledger, f"r-{sid}", session_id=sid, request_id=f"rewind-{sid}")
+    await ledger.complete_rewind(
+        f"r-{sid}",
+        {"files": ["/ws/the-secret.txt"]},
+        Anchor(sid, f"a-{sid}", f"m-{sid}", 10, None, f"r-{sid}"),
+        NewEvent(
+            "REWOUND", sid, f"r-{sid}", "alice", {"owner": "alice", "files": {"files_changed": ["/ws/x"]}}
+        ),
+    )
+    await _begin(ledger, f"pending-{sid}", session_id=sid)
+    await ledger.add_snapshot(NewSnapshot(sid, "turn_start", "p1", "tree", True))
+
+
+async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(ledger: Ledger) -> None:
+    await _session_with_everything(ledger)
+    await _session_with_everything(ledger, OTHER)
+    created = await ledger.tombstone(SID)
+    assert created is None, "a live session has no tombstone"
+    record = await ledger.session(SID)
+    assert record is not None
+    request = NewRequest("delete-1", "DeleteSession", "fp", SID)
+    plan = {"cwd": "/ws/0b7f", "workspace": True}
+    event = await ledger.erase_session(SID, _deleted(), request, plan)
+
+    assert (event.kind, event.session_id, event.principal, event.data) == (
+        "SESSION_DELETED",
+        SID,
+        "admin",
+        {"owner": "alice"},
+    )
+    assert await ledger.session(SID) is None
+    assert [r.session_id for r in await ledger.sessions()] == [OTHER]
+    tombstone = await ledger.tombstone(SID)
+    assert tombstone is not None
+    assert (tombstone.session_id, tombstone.principal, tombstone.erasure) == (SID, "alice", plan)
+    assert tombstone.create_time == record.create_time and tombstone.deleted_time == event.occur_time
+    # Every row with its content is gone: pending cuts, rewinds (pending ones too), snapshot
+    # records, request ids of every call on it; the delete's own request is recorded, done.
+    assert await ledger.anchor(SID) is None
+    assert await ledger.rewinds(SID) == [] and await ledger.pending_rewinds(SID) == []
+    assert await ledger.snapshots(SID) == []
+    for request_id in (f"create-{SID}", f"prompt-{SID}", f"rewind-{SID}"):
+        assert await ledger.request(request_id) is None, request_id
+    recorded = await ledger.request("delete-1")
+    assert recorded is not None and recorded.done and recorded.same_call(request)
+    # Its events stay (their cursors are the log's), without the paths of its files.
+    events = await ledger.events_after(0, SID)
+    assert [(e.kind, e.rewind_id) for e in events] == [("REWOUND", f"r-{SID}"), ("SESSION_DELETED", "")]
+    assert events[0].data == {"owner": "alice", "files": {"files_changed": []}}
+    assert events[1] == event
+
+    # The other session has all of it still.
+    assert await ledger.anchor(OTHER) is not None
+    assert len(await ledger.rewinds(OTHER)) == 2 and len(await ledger.snapshots(OTHER)) == 1
+    assert await ledger.request(f"prompt-{OTHER}") is not None
+    (theirs,) = [e for e in await ledger.events_after(0, OTHER)]
+    assert theirs.data["files"] == {"files_changed": ["/ws/x"]}
+    # A deleted session's id stays taken.
+    with pytest.raises(Exception):  # noqa: B017 - each database raises its own integrity error
+        await ledger.add_session(_session(SID))
+
+
+async def test_the_deleted_event_takes_the_next_cursor(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await ledger.add_session(_session(OTHER))
+    await _begin(ledger, "r1", session_id=OTHER)
+    first = await ledger.complete_rewind("r1", {}, None, _event("r1", OTHER))
+    deleted = await ledger.erase_session(SID, _deleted())
+    assert deleted.cursor == first.cursor + 1
+    assert await ledger.event_bounds() == (first.cursor, deleted.cursor)
+    assert [e.cursor for e in await ledger.events_after(0)] == [first.cursor, deleted.cursor]
+
+
+async def test_erasing_an_unknown_or_deleted_session_is_a_lookup_error(ledger: Ledger) -> None:
+    with pytest.raises(LookupError):
+        await ledger.erase_session(SID, _deleted())
+    await ledger.add_session(_session())
+    await ledger.erase_session(SID, _deleted())
+    with pytest.raises(LookupError):
+        await ledger.erase_session(SID, _deleted(), NewRequest("delete-2", "DeleteSession", "fp", SID))
+    assert await ledger.request("delete-2") is None
+    assert len(await ledger.events_after(0)) == 1
+
+
+async def test_erasing_with_a_request_id_already_taken_changes_nothing(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await ledger.begin_request(NewRequest("taken", "Prompt", "fp", SID))
+    with pytest.raises(RequestIdTaken) as taken:
+        await ledger.erase_session(SID, _deleted(), NewRequest("taken", "DeleteSession", "fp", SID))
+    assert taken.value.existing.method == "Prompt"
+    assert await ledger.session(SID) is not None and await ledger.tombstone(SID) is None
+    assert await ledger.request("taken") is not None
+    assert await ledger.events_after(0) == []
+
+
+async def test_an_erasure_is_unfinished_until_it_is_said_finished(ledger: Ledger) -> None:
+    for sid in (SID, OTHER):
+        await ledger.add_session(_session(sid))
+    await ledger.erase_session(SID, _deleted(), erasure={"cwd": "/ws/a", "workspace": False})
+    await ledger.erase_session(OTHER, _deleted(OTHER))  # nothing left to erase on disk
+    assert [(t.session_id, t.erasure) for t in await ledger.unfinished_erasures()] == [
+        (SID, {"cwd": "/ws/a", "workspace": False})
+    ]
+    await ledger.finish_erasure(SID)
+    await ledger.finish_erasure(SID)  # idempotent
+    assert await ledger.unfinished_erasures() == []
+    tombstone = await ledger.tombstone(SID)
+    assert tombstone is not None and tombstone.erasure is None
+    await ledger.finish_erasure("no-such-session")

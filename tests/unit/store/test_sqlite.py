@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,82 @@ async def test_a_ledger_from_a_newer_version_is_refused_untouched(tmp_path: Path
         await SqliteLedger.open(path)
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
+
+
+# DeleteSession: what is erased does not survive in the database's files.
+
+
+def _holding(directory: Path, text: str) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_file() and text.encode() in p.read_bytes())
+
+
+async def test_an_erased_session_s_text_is_in_none_of_the_database_files(tmp_path: Path) -> None:
+    secret = uuid.uuid4().hex
+    path = tmp_path / "ledger.sqlite3"
+    ledger = await SqliteLedger.open(path)
+    other = "1c8e4d2f-6b9e-4e7f-8a21-3b4c5d6e7f80"
+    try:
+        await ledger.add_session(
+            NewSession(SID, f"/ws/{secret}", {"system_prompt": secret}, True, "alice"),
+            NewRequest("create", "CreateSession", json.dumps([secret]), SID),
+        )
+        await ledger.add_session(NewSession(other, "/ws/other", {"system_prompt": "kept"}, True))
+        for n in range(40):  # small rows and rows over several overflow pages
+            await ledger.begin_request(NewRequest(f"p{n}", "Prompt", json.dumps([f"{secret} {n}"]), SID))
+            await ledger.finish_request(f"p{n}", {"reply": secret * (1 if n % 2 else 500)})
+        await ledger.begin_rewind(NewRewind("r1", SID, "m-1", "both", {"target": "m-1", "note": secret}))
+        await ledger.complete_rewind(
+            "r1",
+            {"files": [f"/ws/{secret}/a.txt"]},
+            Anchor(SID, "a-1", "m-1", 10, None, "r1"),
+            NewEvent("REWOUND", SID, "r1", data={"files": {"files_changed": [f"/ws/{secret}/a.txt"]}}),
+        )
+        assert _holding(tmp_path, secret)
+        assert await ledger.session(other) is not None  # the reader has read: it holds nothing up
+        await ledger.erase_session(
+            SID, NewEvent("SESSION_DELETED", SID, data={"owner": "alice"}), erasure={"cwd": "/ws/gone"}
+        )
+        assert _holding(tmp_path, secret) == [], "not in the .sqlite3, nor in the -wal, nor in the -shm"
+        assert (tmp_path / "ledger.sqlite3-wal").stat().st_size == 0, "the log was truncated"
+        await ledger.finish_erasure(SID)
+        assert _holding(tmp_path, "/ws/gone") == [], "the workspace path went with the erasure's end"
+        record = await ledger.session(other)
+        assert record is not None and record.options == {"system_prompt": "kept"}
+    finally:
+        await ledger.close()
+    assert _holding(tmp_path, secret) == []
+
+
+async def test_both_connections_overwrite_what_they_delete(tmp_path: Path) -> None:
+    """SQLite builds differ in their default: the ledger says so itself."""
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    try:
+        for connection in (ledger._writer, ledger._reader):
+            assert connection.execute("PRAGMA secure_delete").fetchone()[0] == 1
+    finally:
+        await ledger.close()
+
+
+async def test_a_schema_3_ledger_gains_tombstones_and_keeps_its_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    db = sqlite3.connect(path)
+    for number, script in enumerate(MIGRATIONS[:3], start=1):
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version={number}")
+    stamp = "2026-11-01T10:00:00+00:00"
+    db.execute(
+        "INSERT INTO sessions (session_id, cwd, options_json, checkpointing, create_time, update_time)"
+        " VALUES (?, '/ws/a', '{}', 1, ?, ?)",
+        (SID, stamp, stamp),
+    )
+    db.commit()
+    db.close()
+    ledger = await SqliteLedger.open(path)
+    try:
+        assert ledger.schema_version == len(MIGRATIONS)
+        assert [r.session_id for r in await ledger.sessions()] == [SID]
+        assert await ledger.tombstone(SID) is None and await ledger.unfinished_erasures() == []
+        await ledger.erase_session(SID, NewEvent("SESSION_DELETED", SID))
+        assert await ledger.sessions() == []
+    finally:
+        await ledger.close()

@@ -1,0 +1,280 @@
+"""UndoRewind: files and conversation back exactly as they were just before a rewind.
+
+Only the session's latest rewind can be undone, and only while no turn ran after it (its
+`last_message_id` is still the session's). What the undo needs was captured when the rewind was
+planned: the files it would change, as they were then (`plan["undo"]["before"]`, a tree of the
+snapshot store; a rewind served by workspace snapshots has the whole workspace there anyway), and
+the leaf of the conversation it cut (`plan["planned_leaf"]`). When the rewind completed, the same
+files as it left them were captured too (`result["undo"]["after"]`): a path that differs from
+that now was changed since, by someone else, and `conflict_policy` decides about it.
+
+An undo is recorded like a rewind (an intent of kind "undo" first, finished by recovery if the
+server dies midway), idempotent by request id, and emits an UNDONE event naming the rewind it
+undid. The conversation comes back through the ledger's cut: a pending cut at the old leaf, which
+every read honours and the next start of the CLI resumes at (the dropped turns are still in the
+transcript, on their branch). An undo cannot itself be undone; a new rewind may follow it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from agent_rewind import faults
+from agent_rewind.errors import ExternalChanges, RequestIdReused, StorageUnavailable, UndoUnavailable
+from agent_rewind.rewind import workspace
+from agent_rewind.sessions.snapshotting import Snapshots
+from agent_rewind.sessions.worker import SessionWorker
+from agent_rewind.snapshots import RestoreError
+from agent_rewind.store.ledger import (
+    Anchor,
+    EventRecord,
+    Ledger,
+    NewEvent,
+    NewRequest,
+    NewRewind,
+    RewindRecord,
+)
+
+if TYPE_CHECKING:
+    from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, RewindOutcome
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class UndoRequest:
+    session_id: str
+    rewind_id: str
+    request_id: str | None = None
+    conflict_policy: str = workspace.REFUSE
+    validate_only: bool = False
+    principal: str = ""
+
+    def fingerprint(self) -> str:
+        return json.dumps([self.session_id, self.rewind_id, self.conflict_policy])
+
+    def request(self) -> NewRequest | None:
+        if not self.request_id:
+            return None
+        return NewRequest(self.request_id, "UndoRewind", self.fingerprint(), self.session_id)
+
+
+def capture_paths(cwd: str, files_changed: tuple[str, ...]) -> list[str] | None:
+    """The workspace-relative paths of a rewind's changed files; None if one lies outside."""
+    root = Path(cwd)
+    out = []
+    for name in files_changed:
+        path = Path(name)
+        if not path.is_absolute():
+            path = root / path
+        try:
+            out.append(path.relative_to(root).as_posix())
+        except ValueError:
+            return None
+    return sorted(set(out))
+
+
+class Undo:
+    """Plans and applies undos; the rewind engine hands it requests and pending undo intents."""
+
+    def __init__(self, ledger: Ledger, snapshots: Snapshots | None, publish: Any) -> None:
+        self._ledger = ledger
+        self._snapshots = snapshots
+        self._publish = publish
+
+    async def previous(self, req: UndoRequest) -> RewindRecord | None:
+        """The undo this request id started, if any; REQUEST_ID_REUSED for another call."""
+        request = req.request()
+        if request is None:
+            return None
+        recorded = await self._ledger.request(request.request_id)
+        if recorded is None:
+            return None
+        if not recorded.same_call(request):
+            raise RequestIdReused(request.request_id)
+        undo_id = (recorded.result or {}).get("rewind_id")
+        return await self._ledger.rewind(str(undo_id)) if undo_id else None
+
+    async def _target(self, worker: SessionWorker, req: UndoRequest) -> RewindRecord:
+        applied = [r for r in await self._ledger.rewinds(worker.session_id) if r.state == "applied"]
+        target = next((r for r in applied if r.rewind_id == req.rewind_id), None)
+        if target is None:
+            raise UndoUnavailable(req.rewind_id, "the session has no such applied rewind")
+        if applied[-1] is not target:
+            raise UndoUnavailable(req.rewind_id, "it is not the session's latest rewind")
+        if target.kind != "rewind":
+            raise UndoUnavailable(req.rewind_id, "an undo cannot be undone")
+        assert target.result is not None
+        view = await worker.view()
+        if view.last_message_id != target.result.get("last_message_id"):
+            raise UndoUnavailable(req.rewind_id, "a turn ran after it")
+        return target
+
+    async def plan(self, worker: SessionWorker, req: UndoRequest) -> tuple[RewindRecord, dict[str, Any]]:
+        """What undoing the request's rewind does; raises UNDO_UNAVAILABLE or EXTERNAL_CHANGES."""
+        from agent_rewind.rewind.engine import RewindOutcome
+
+        target = await self._target(worker, req)
+        assert target.result is not None
+        done = RewindOutcome.from_json(target.result)
+        plan: dict[str, Any] = {"undoes": target.rewind_id, "files": None, "leaf": None}
+        if done.files.requested and done.files.can_rewind:
+            plan["files"] = await self._files(worker, req, target, done)
+        if done.conversation.rewound:
+            leaf = target.plan.get("planned_leaf")
+            if not leaf:
+                raise UndoUnavailable(req.rewind_id, "it was made by an older version, which kept no leaf")
+            plan["leaf"] = leaf
+        return target, plan
+
+    async def _files(
+        self, worker: SessionWorker, req: UndoRequest, target: RewindRecord, done: RewindOutcome
+    ) -> dict[str, Any]:
+        assert target.result is not None
+        snaps = self._snapshots
+        before = (target.plan.get("undo") or {}).get("before")
+        after = (target.result.get("undo") or {}).get("after")
+        paths = (target.plan.get("undo") or {}).get("paths")
+        if snaps is None or not before or not after or paths is None:
+            raise UndoUnavailable(req.rewind_id, "what its files were before it was not captured")
+        store = snaps.store(worker.session_id, worker.record.cwd)
+
+        def compare() -> tuple[str, list[str], list[str], int, int]:
+            now = store.capture(paths)
+            since = sorted({c.path for c in store.changes(after, now)} & set(paths))
+            restore = (
+                sorted(set(paths) - set(since)) if req.conflict_policy == workspace.SKIP else list(paths)
+            )
+            differing = {c.path for c in store.changes(now, before)}
+            changed = [p for p in restore if p in differing]
+            ins, dels = store.numstat(now, before, changed) if changed else (0, 0)
+            return now, since, changed, ins, dels
+
+        now, since, changed, insertions, deletions = await snaps.run(compare)
+        if since and req.conflict_policy == workspace.REFUSE:
+            raise ExternalChanges(since)
+        return {
+            "before": before,
+            "now": now,
+            "paths": changed,
+            "insertions": insertions,
+            "deletions": deletions,
+            "conflicts": [[p, workspace.RESOLUTIONS[req.conflict_policy]] for p in since],
+            "source": done.files.source,
+        }
+
+    def outcome(self, worker: SessionWorker, target: RewindRecord, plan: dict[str, Any]) -> RewindOutcome:
+        """The result an undo reports: the rewind it undid, what it put back."""
+        from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, RewindOutcome
+
+        files: FilesHalf = FilesHalf()
+        if plan["files"] is not None:
+            f = plan["files"]
+            files = FilesHalf(
+                True,
+                True,
+                tuple(str(Path(worker.record.cwd) / p) for p in f["paths"]),
+                f["insertions"],
+                f["deletions"],
+                source=f["source"],
+                conflicts=tuple((str(p), str(how)) for p, how in f["conflicts"]),
+            )
+        conversation: ConversationHalf = ConversationHalf()
+        last = worker.view_at(plan["leaf"]).last_message_id if plan["leaf"] else ""
+        if plan["leaf"]:
+            conversation = ConversationHalf(True, True, False, 0)
+        return RewindOutcome(target.rewind_id, files, conversation, last)
+
+    async def apply(self, worker: SessionWorker, req: UndoRequest) -> RewindOutcome:
+        """Under the session's lock, pending intents resolved."""
+        target, plan = await self.plan(worker, req)
+        outcome = self.outcome(worker, target, plan)
+        if plan["leaf"] and not req.validate_only:
+            outcome = replace(outcome, conversation=replace(outcome.conversation, rewound=True))
+        if not outcome.last_message_id:
+            outcome = replace(outcome, last_message_id=(await worker.view()).last_message_id)
+        if req.validate_only:
+            return outcome
+        undo_id = str(uuid.uuid4())
+        await self._ledger.begin_rewind(
+            NewRewind(
+                rewind_id=undo_id,
+                session_id=worker.session_id,
+                message_id=target.message_id,
+                mode=target.mode,
+                plan={**plan, "outcome": outcome.to_json()},
+                principal=req.principal,
+                request=req.request(),
+                kind="undo",
+            )
+        )
+        faults.point("undo.intent_recorded")
+        record = await self._ledger.rewind(undo_id)
+        assert record is not None
+        return await self.finish(worker, record)
+
+    async def finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
+        """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
+        from agent_rewind.rewind.engine import RewindOutcome, event_data
+
+        plan = record.plan
+        outcome = RewindOutcome.from_json(plan["outcome"])
+        files = plan["files"]
+        if files is not None and files["paths"] and not record.files_applied:
+            snaps = self._snapshots
+            if snaps is None:
+                raise StorageUnavailable(
+                    "workspace snapshots are off on this server; the undo cannot be finished"
+                )
+            store = snaps.store(worker.session_id, worker.record.cwd)
+            try:
+                await snaps.run(lambda: store.restore(files["before"], files["paths"], rollback=files["now"]))
+            except RestoreError as err:
+                if err.rolled_back:
+                    await self._ledger.abandon_rewind(record.rewind_id)
+                    raise StorageUnavailable(
+                        f"the files could not be put back ({err}); nothing was changed"
+                    ) from err
+                raise StorageUnavailable(
+                    f"the files are partly put back ({err}); the undo will be finished before the "
+                    "session runs anything else"
+                ) from err
+            faults.point("undo.files_restored")
+            if plan["leaf"]:
+                await self._ledger.mark_files_applied(record.rewind_id)
+        anchor = None
+        if plan["leaf"]:
+            anchor = Anchor(
+                session_id=worker.session_id,
+                anchor_uuid=plan["leaf"],
+                target_message_id="",
+                transcript_size=worker.transcript_size(),
+                drops_turn=None,
+                rewind_id=record.rewind_id,
+            )
+        event = NewEvent(
+            kind="UNDONE",
+            session_id=worker.session_id,
+            rewind_id=plan["undoes"],
+            principal=record.principal,
+            data=event_data(record.message_id, record.mode, outcome, owner=worker.record.principal),
+        )
+        committed: EventRecord = await self._ledger.complete_rewind(
+            record.rewind_id, outcome.to_json(), anchor, event
+        )
+        if self._publish is not None:
+            self._publish(committed)
+        faults.point("undo.completed")
+        if anchor is not None:
+            # The live process still has the cut: a new one resumes at the old leaf.
+            worker.conversation_restored()
+        log.info(
+            "rewind undone", undo_id=record.rewind_id, rewind_id=plan["undoes"], session_id=worker.session_id
+        )
+        return outcome
