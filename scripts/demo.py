@@ -1,4 +1,5 @@
-"""A guided tour of agent-rewind: three turns, a dry run, a rewind of files and conversation, a recall.
+"""A guided tour of agent-rewind: three turns, a dry run, a rewind of files and conversation, a recall,
+an undo and a fork.
 
 Run `make run` in one terminal, then `make demo` (or `python scripts/demo.py --server HOST:PORT`) in
 another. The demo reads the session's workspace directly, so it expects the server on this machine.
@@ -298,6 +299,55 @@ def run(tour: Tour) -> None:
     tour.check(
         ids == [first.prompt_message_id, recall.prompt_message_id], "two points: prompt 1 and the recall"
     )
+
+    tour.heading("Changed your mind? Undo a rewind")
+    tour.say(
+        """
+        A rewind can be undone while no turn ran after it: the files and the conversation go back
+        exactly as they were just before it. Here we rewind the files to before prompt 1, which
+        empties the workspace of the agent's files, then undo that.
+        """
+    )
+    files_mode = rewind_pb2.REWIND_MODE_FILES
+    tour.command("rewind", sid, first.prompt_message_id, "--mode", "files")
+    emptied = client.rewind(sid, first.prompt_message_id, files_mode)
+    print(format_rewind_result(emptied, files_mode, dry_run=False))
+    print()
+    if local:
+        tour.check("notes.txt" not in show_workspace(cwd), "notes.txt is gone")
+    tour.command("undo", sid, emptied.rewind_id)
+    undone = client.undo(sid, emptied.rewind_id)
+    print(
+        format_rewind_result(undone, files_mode, dry_run=False).replace(
+            "rewind_id       ", "undid           ", 1
+        )
+    )
+    print()
+    tour.check(undone.rewind_id == emptied.rewind_id, "the undo names the rewind it undid")
+    if local:
+        back = show_workspace(cwd)
+        tour.check(back.get("notes.txt") == "first draft\n", 'notes.txt is back, "first draft"')
+
+    tour.heading("Fork: try another direction without losing this one")
+    tour.say(
+        """
+        A fork is a new session whose conversation and files are this one's, as they are now or
+        just before a point. From then on the two live apart: what happens in one never shows in
+        the other.
+        """
+    )
+    tour.command("session", "fork", sid)
+    fork = client.fork_session(sid)
+    print(format_session(fork))
+    print()
+    forked = tour.prompt(fork.session_id, "write fork.txt only in the fork\nsay forked")
+    tour.check(forked.result is not None and not forked.result.is_error, "the fork answers")
+    if local:
+        tour.check(Path(fork.cwd, "fork.txt").is_file(), "the fork wrote fork.txt in its own workspace")
+        tour.check(not (cwd / "fork.txt").exists(), "the source's workspace is untouched")
+    fork_recall = recalled_prompts(tour.prompt(fork.session_id, RECALL))
+    if fork_recall is not None:
+        tour.check(PROMPT_1 in fork_recall, "the fork remembers the source's conversation")
 
     tour.heading("Done")
     tour.command("session", "close", sid)

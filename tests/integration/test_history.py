@@ -122,6 +122,10 @@ async def test_an_undo_brings_back_the_files_and_the_conversation(tmp_path: Path
             (rewind_pb2.REWIND_EVENT_KIND_REWOUND, rewound.rewind_id),
             (rewind_pb2.REWIND_EVENT_KIND_UNDONE, rewound.rewind_id),
         ]
+        # What the undo put back is the service's doing, not an outside edit: rewinding again
+        # finds no conflict.
+        again = await c.rewind(sid, ids[1], FILES)
+        assert not again.files.conflicts and read(cwd / "c.txt") is None
 
 
 async def test_an_undo_is_refused_after_a_turn_for_an_older_rewind_and_for_an_undo(tmp_path: Path) -> None:
@@ -147,6 +151,7 @@ async def test_an_undo_is_refused_after_a_turn_for_an_older_rewind_and_for_an_un
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.rewinds.UndoRewind(_undo(sid, third.rewind_id))
         assert error_info(err.value).reason == "UNDO_UNAVAILABLE", "an undo cannot be undone"
+        assert "undone already" in err.value.details()
         # A new rewind may follow an undo.
         again = await c.rewind(sid, ids[1], FILES)
         assert again.files.can_rewind and read(cwd / "b.txt") is None
@@ -215,6 +220,11 @@ async def test_a_crash_mid_undo_is_finished_by_the_restart(tmp_path: Path) -> No
 # ForkSession
 
 
+def fork_transcript(state: Path, session_id: str) -> str:
+    (path,) = (state / "claude" / "projects").glob(f"*/{session_id}.jsonl")
+    return path.read_text()
+
+
 def _fork(sid: str, message_id: str = "", **kw: Any) -> session_service_pb2.ForkSessionRequest:
     return session_service_pb2.ForkSessionRequest(session_id=sid, message_id=message_id, **kw)
 
@@ -234,6 +244,8 @@ async def test_a_fork_at_a_point_has_the_conversation_and_files_of_that_moment_a
         await c.prompt(fid, "write fork.txt only here")
         await c.prompt(sid, "write source.txt only there")
         assert read(cwd / "fork.txt") is None and read(fcwd / "source.txt") is None
+        assert read(fcwd / "fork.txt") == "only here\n", "the fork's agent works in its own workspace"
+        assert str(cwd) not in fork_transcript(tmp_path, fid), "its history names its own workspace"
         assert await c.recall(sid) == [P0, P1, P2, "write source.txt only there", "recall"]
         assert await c.recall(fid) == [P0, "recall", "write fork.txt only here", "recall"]
         fork_points = [p.message_id for p in (await c.points(fid)).points]

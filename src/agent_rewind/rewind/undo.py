@@ -28,9 +28,9 @@ import structlog
 from agent_rewind import faults
 from agent_rewind.errors import ExternalChanges, RequestIdReused, StorageUnavailable, UndoUnavailable
 from agent_rewind.rewind import workspace
-from agent_rewind.sessions.snapshotting import Snapshots
+from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
-from agent_rewind.snapshots import RestoreError
+from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -106,7 +106,10 @@ class Undo:
         target = next((r for r in applied if r.rewind_id == req.rewind_id), None)
         if target is None:
             raise UndoUnavailable(req.rewind_id, "the session has no such applied rewind")
-        if applied[-1] is not target:
+        latest = applied[-1]
+        if latest is not target:
+            if latest.kind == "undo" and latest.plan.get("undoes") == target.rewind_id:
+                raise UndoUnavailable(req.rewind_id, "it was undone already (an undo cannot be undone)")
             raise UndoUnavailable(req.rewind_id, "it is not the session's latest rewind")
         if target.kind != "rewind":
             raise UndoUnavailable(req.rewind_id, "an undo cannot be undone")
@@ -202,6 +205,18 @@ class Undo:
         if req.validate_only:
             return outcome
         undo_id = str(uuid.uuid4())
+        snaps = self._snapshots
+        if (
+            plan["files"] is not None
+            and plan["files"]["paths"]
+            and worker.record.workspace_snapshots
+            and snaps
+        ):
+            # The session's snapshot history must show the undo's change as the service's, not as
+            # an outside edit: the workspace before it, recorded like a rewind's.
+            whole = await snaps.take(worker.session_id, worker.record.cwd)
+            await snaps.record(worker.session_id, REWIND_BEFORE, undo_id, whole)
+            plan["files"]["whole"] = whole.tree if whole.complete else None
         await self._ledger.begin_rewind(
             NewRewind(
                 rewind_id=undo_id,
@@ -218,6 +233,21 @@ class Undo:
         record = await self._ledger.rewind(undo_id)
         assert record is not None
         return await self.finish(worker, record)
+
+    async def _record_after(self, worker: SessionWorker, undo_id: str, files: dict[str, Any]) -> None:
+        """The workspace after the undo, for a session with snapshots: the whole tree before it
+        with the restored paths as they were (no scan), or a new snapshot if that is unknown."""
+        snaps = self._snapshots
+        if snaps is None or not worker.record.workspace_snapshots:
+            return
+        sid, cwd = worker.session_id, worker.record.cwd
+        whole = files.get("whole")
+        if whole:
+            store = snaps.store(sid, cwd)
+            after = await snaps.run(lambda: store.overlay(whole, files["before"], files["paths"]))
+            await snaps.record(sid, REWIND_AFTER, undo_id, Snapshot(after, True))
+        else:
+            await snaps.take_and_record(sid, cwd, REWIND_AFTER, undo_id)
 
     async def finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
@@ -245,6 +275,7 @@ class Undo:
                     f"the files are partly put back ({err}); the undo will be finished before the "
                     "session runs anything else"
                 ) from err
+            await self._record_after(worker, record.rewind_id, files)
             faults.point("undo.files_restored")
             if plan["leaf"]:
                 await self._ledger.mark_files_applied(record.rewind_id)

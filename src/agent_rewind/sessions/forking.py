@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from agent_rewind.errors import SnapshotUnavailable
 from agent_rewind.snapshots import EMPTY_TREE, SnapshotStore
@@ -40,18 +41,31 @@ def start_tree(records: list[SnapshotRecord], message_id: str) -> str:
     raise SnapshotUnavailable(message_id, "none", "no workspace snapshot was taken when its turn started")
 
 
-def write_transcript(source: Path, target: Path, offsets: list[int], session_id: str, cwd: str) -> None:
+def _moved(value: Any, old: str, new: str) -> Any:
+    """`value` with every mention of the workspace `old` (a path in a tool call, a tool result, the
+    CLI's environment notes) naming `new` instead."""
+    if isinstance(value, str):
+        return value.replace(old, new) if old in value else value
+    if isinstance(value, list):
+        return [_moved(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    return value
+
+
+def write_transcript(
+    source: Path, target: Path, offsets: list[int], session_id: str, cwd: str, source_cwd: str
+) -> None:
     """The fork's transcript: the source's lines at `offsets`, in order, with the fork's session
-    id and workspace. Written beside its place and renamed in, so it is all there or not at all."""
+    id, and its workspace wherever the source's was named (so the agent, reading its history,
+    works in its own workspace). Written beside its place and renamed in: all there or nothing."""
     lines: list[bytes] = []
     with source.open("rb") as f:
         for offset in offsets:
             f.seek(offset)
-            entry = json.loads(f.readline())
+            entry = _moved(json.loads(f.readline()), source_cwd.rstrip("/"), cwd.rstrip("/"))
             if "sessionId" in entry:
                 entry["sessionId"] = session_id
-            if "cwd" in entry:
-                entry["cwd"] = cwd
             lines.append(json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode())
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = target.with_name(f".{target.name}.fork")

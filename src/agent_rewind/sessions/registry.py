@@ -347,6 +347,7 @@ class SessionRegistry:
                         offsets,
                         worker.session_id,
                         str(cwd),
+                        source.record.cwd,
                     )
                     await self._ledger.touch_session(worker.session_id, started=True)
                     worker.record = dataclasses.replace(worker.record, started=True)
