@@ -295,3 +295,37 @@ async def test_a_restore_that_fails_midway_puts_back_what_it_wrote_and_applies_n
         result = await c.rewind(sid, point, FILES)  # the disk has room again
         assert result.files.source == SNAPSHOT
         assert (read(cwd / "a.txt"), read(cwd / "b.txt")) == ("one\n", "one\n")
+
+
+async def test_one_sessions_slow_snapshot_never_delays_another_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_workspace: list[Path] = []
+    taking = threading.Event()
+    release = threading.Event()
+    original = SnapshotStore.take
+
+    def take(self: SnapshotStore) -> Any:
+        if slow_workspace and self.workspace == slow_workspace[0]:
+            taking.set()
+            release.wait(30)  # a huge workspace, as long as the test likes
+        return original(self)
+
+    monkeypatch.setattr(SnapshotStore, "take", take)
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        slow_id, slow_cwd = await _session(c)
+        fast_id, fast_cwd = await _session(c)
+        slow_workspace.append(slow_cwd)
+        slow_turn = asyncio.ensure_future(c.prompt(slow_id, "write a.txt slow"))
+        try:
+            assert await asyncio.to_thread(taking.wait, 10)
+            # The other session's turns, snapshots included, and every read go on meanwhile.
+            for i in range(3):
+                await asyncio.wait_for(c.prompt(fast_id, f"write b.txt {i}"), 10)
+            assert read(fast_cwd / "b.txt") == "2\n"
+            assert len((await c.points(fast_id)).points) == 3
+            assert not slow_turn.done()
+        finally:
+            release.set()
+        await asyncio.wait_for(slow_turn, 20)
+        assert read(slow_cwd / "a.txt") == "slow\n"
