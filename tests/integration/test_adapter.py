@@ -167,3 +167,29 @@ async def test_a_live_process_cuts_its_conversation_in_place(tmp_path: Path, mod
         assert client.pid == pid, "the same process"
     finally:
         await client.close()
+
+
+async def test_close_returns_only_once_the_process_has_exited_even_if_the_sdk_fails_to_end_it(
+    tmp_path: Path, model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live slot is freed when `close` returns: the process must be gone by then, whatever the
+    SDK's disconnect manages."""
+    client = _client(_spec(tmp_path, model))
+    await client.start()
+    pid = client.pid
+    assert pid is not None
+
+    async def broken_disconnect() -> None:
+        raise RuntimeError("the SDK failed midway")
+
+    monkeypatch.setattr(client._client, "disconnect", broken_disconnect)
+    await client.close()
+    assert not _running(pid), "the process outlived close()"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

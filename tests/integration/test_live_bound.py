@@ -5,31 +5,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
 
 from agent_rewind.api.v1 import rewind_service_pb2, session_pb2
+from agent_rewind.testing.processes import cli_processes
 from tests.integration.harness import FILES, Client, cli_pids, error_info, prompt_id, read, serve
 
 HIBERNATED = session_pb2.SESSION_STATE_HIBERNATED
 
 
+@dataclass
+class _Peak:
+    count: int = 0
+    processes: list[str] = field(default_factory=list)
+
+
 @contextlib.asynccontextmanager
-async def _most_processes(config_dir: Path) -> AsyncIterator[list[int]]:
-    """Samples the server's CLI processes every few milliseconds; yields [the most seen at once]."""
-    most = [0]
+async def _most_processes(config_dir: Path) -> AsyncIterator[_Peak]:
+    """Samples the server's CLI processes every few milliseconds; yields the most seen at once."""
+    peak = _Peak()
     stop = asyncio.Event()
 
     async def sample() -> None:
         while not stop.is_set():
-            most[0] = max(most[0], len(cli_pids(config_dir=config_dir)))
+            now = cli_processes(config_dir=config_dir)
+            if len(now) > peak.count:
+                peak.count = len(now)
+                # Which processes, should the bound ever be exceeded: their pids, parents, sessions.
+                peak.processes = [f"{p.pid} (parent {p.ppid}): {' '.join(p.argv[-6:])}" for p in now]
             await asyncio.sleep(0.005)
 
     task = asyncio.create_task(sample())
     try:
-        yield most
+        yield peak
     finally:
         stop.set()
         await task
@@ -45,7 +57,7 @@ async def test_five_sessions_in_turn_never_hold_more_than_two_processes(tmp_path
     async with serve(tmp_path, max_live_sessions=2) as c:
         assert c.running is not None
         config_dir = c.running.config.claude_config_dir
-        async with _most_processes(config_dir) as most:
+        async with _most_processes(config_dir) as peak:
             sessions = [await c.create() for _ in range(5)]
             ids: dict[str, list[str]] = {s.session_id: [] for s in sessions}
             for round_ in range(2):
@@ -57,7 +69,7 @@ async def test_five_sessions_in_turn_never_hold_more_than_two_processes(tmp_path
                 assert result.files.can_rewind
                 assert read(Path(s.cwd) / "r0.txt") == f"{s.session_id[:8]}\n"
                 assert read(Path(s.cwd) / "r1.txt") is None
-        assert most[0] <= 2, f"{most[0]} CLI processes at once"
+        assert peak.count <= 2, f"{peak.count} CLI processes at once: {peak.processes}"
         assert len(cli_pids(config_dir=config_dir)) <= 2
         # The least recently used are hibernated; their points are read with no process started.
         hibernated = [s for s in sessions if (await c.get(s.session_id)).state == HIBERNATED]

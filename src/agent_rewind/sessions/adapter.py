@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import claude_agent_sdk
+import structlog
 from claude_agent_sdk import (
     AgentDefinition,
     AssistantMessage,
@@ -54,6 +55,8 @@ from agent_rewind.sessions.events import (
     TurnEvent,
 )
 from agent_rewind.sessions.policy import FILE_TOOLS, ToolPolicy
+
+log = structlog.get_logger(__name__)
 
 # Tools named in allowed_tools bypassing can_use_tool is intended: the PreToolUse hook still
 # confines the file tools among them to the workspace.
@@ -304,6 +307,7 @@ class SdkAgentClient:
         self._host: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._closed = False
+        self._started_process: Any = None
 
     @property
     def pid(self) -> int | None:
@@ -329,6 +333,9 @@ class SdkAgentClient:
                 if not ready.done():
                     ready.set_exception(AgentError(f"the Claude Code CLI did not start: {err}"))
                 return
+            # Kept: a slot is freed only once this process has exited, whatever the SDK's
+            # disconnect manages (see `close`).
+            self._started_process = self._process()
             ready.set_result(None)
             try:
                 await self._stop.wait()
@@ -486,3 +493,16 @@ class SdkAgentClient:
                 await host
         except Exception:
             pass
+        await self._reap()
+
+    async def _reap(self) -> None:
+        """Returns once the process has exited: the SDK's disconnect may have failed midway, or
+        the kill above may not have taken effect yet. A process that still runs is killed."""
+        process = self._started_process
+        if process is None or process.returncode is not None:
+            return
+        log.warning("the cli outlived its disconnect; killing it", pid=process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(process.wait(), 5)
