@@ -28,7 +28,8 @@ WORKDIR /build
 # Dependencies first, read from pyproject.toml, so a source change does not re-download them
 # (the claude-agent-sdk wheel bundles the Claude Code CLI binary, about 370 MB).
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+# The runtime dependencies and the `postgres` extra (--database-url).
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" \
         > requirements.txt \
     && pip install -r requirements.txt
 

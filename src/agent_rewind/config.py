@@ -48,6 +48,8 @@ class Config:
     trust_project_settings: bool = False
     # Seconds a ledger write waits for another writer (an operator's sqlite3 shell, a backup).
     ledger_busy_timeout: float = 5.0
+    # A postgresql:// URL: the ledger in PostgreSQL (store/postgres.py) instead of the SQLite file.
+    database_url: str = ""
     # Authentication: principals, their permissions and token hashes (access.py); TLS.
     access_file: Path | None = None
     tls_cert: Path | None = None
@@ -270,6 +272,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         convert=Path,
         metavar="DIR",
         default_help="./var",
+    ),
+    Flag(
+        "--database-url",
+        "database_url",
+        "a postgresql:// URL (libpq form; a password is better given as PGPASSWORD or in ~/.pgpass): "
+        "the ledger, the event log and the snapshot records in PostgreSQL instead of the SQLite file",
+        metavar="URL",
+        default_help="none: ledger.sqlite3 in the state dir",
     ),
     Flag(
         "--workspace-root",

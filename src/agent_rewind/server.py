@@ -21,6 +21,7 @@ from agent_rewind.api.v1 import (
     session_service_pb2,
 )
 from agent_rewind.config import Config
+from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.metrics import MetricsServer
@@ -38,8 +39,8 @@ from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import WorkerContext
 from agent_rewind.snapshots import Limits
-from agent_rewind.store.ledger import Ledger, now
-from agent_rewind.store.sqlite import SchemaTooNew, SqliteLedger
+from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
+from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
 
 log = structlog.get_logger(__name__)
@@ -199,6 +200,23 @@ def default_factory(config: Config) -> ClientFactory:
     return make
 
 
+async def _open_ledger(config: Config) -> Ledger:
+    """The SQLite file in the state dir, or PostgreSQL with --database-url."""
+    if not config.database_url:
+        return await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
+    try:
+        from agent_rewind.store.postgres import PostgresLedger
+    except ImportError as err:
+        raise ImportError(
+            f"--database-url needs the PostgreSQL driver: pip install 'agent-rewind[postgres]' ({err})"
+        ) from err
+    ledger = await PostgresLedger.open(
+        config.database_url, lock_timeout=config.ledger_busy_timeout, sole_use=True
+    )
+    log.info("ledger", backend="postgresql")
+    return ledger
+
+
 async def _forget_old_requests(ledger: Ledger, retention: float) -> None:
     """Request ids are remembered for `retention` seconds (--request-id-retention)."""
     while True:
@@ -298,8 +316,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     else:
         log.info("model backend", backend=backend)
     try:
-        ledger = await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
-    except SchemaTooNew as err:
+        ledger = await _open_ledger(config)
+    except (SchemaTooNew, StorageUnavailable, ImportError) as err:
         if model is not None:
             model.stop()
         raise StartError(str(err)) from err

@@ -48,7 +48,7 @@ SECRETS = {
 }
 OVERLAY_SECRETS = {"replicas": {"agent-rewind-database": {"url"}}}
 # Variables an overlay sets for a flag the contract specifies and the server does not read yet.
-PENDING_VARIABLES = {"replicas": {"AGENT_REWIND_DATABASE_URL": "--database-url"}}
+PENDING_VARIABLES: dict[str, dict[str, str]] = {}
 # Never a literal value in a manifest.
 SECRET_VARIABLES = {
     "ANTHROPIC_API_KEY",
@@ -685,17 +685,18 @@ def _commands(markdown: str) -> list[str]:
     return [" ".join(c.split()) for block in blocks for c in block.replace("\\\n", " ").splitlines()]
 
 
-def test_the_replicas_overlay_waits_for_database_url() -> None:
-    """The overlay sets a variable the server does not read yet: when it does, update the overlay's
-    status (its README) and drop it from PENDING_VARIABLES."""
-    known = {flag.env_var for flag in SERVE_FLAGS} | {flag.name for flag in SERVE_FLAGS}
-    contract = (ROOT / "docs" / "contract" / "API.md").read_text()
+def test_the_replicas_overlay_says_it_waits_for_replicas_while_the_server_refuses_them() -> None:
+    """`--database-url` exists, but one server per database: the server holds the database for
+    itself (`sole_use`) until replicas own sessions and forward calls. While it does, the overlay's
+    README must say several replicas are not implemented; when that lock goes, update it."""
+    server = (ROOT / "src" / "agent_rewind" / "server.py").read_text()
     readme = (DEPLOY / "overlays" / "replicas" / "README.md").read_text()
-    for variable, flag in PENDING_VARIABLES["replicas"].items():
-        assert variable not in known and flag not in known, f"{flag} is implemented now: see this test's doc"
-        assert f"`{flag} " in contract, f"the contract no longer specifies {flag}"
-        assert flag in readme and "not implemented" in readme
-        assert variable not in Rendering("base", json.loads(_rendered("base"))).env
+    assert "--database-url" in {flag.name for flag in SERVE_FLAGS}
+    assert "sole_use=True" in server, "the server now admits several replicas: update the overlay's README"
+    assert "not implemented" in readme and "refuses to start" in readme
+    env = Rendering("replicas", json.loads(_rendered("replicas"))).env
+    assert "secretKeyRef" in env["AGENT_REWIND_DATABASE_URL"]["valueFrom"]
+    assert "AGENT_REWIND_DATABASE_URL" not in Rendering("base", json.loads(_rendered("base"))).env
 
 
 def test_the_readme_describes_every_file_of_deploy() -> None:

@@ -7,7 +7,8 @@ before anything is applied), the request ids that make calls idempotent, and the
 watchers follow.
 
 This module is the interface, in domain terms; `store/sqlite.py` is the embedded
-implementation. Every write is one transaction and durable when its call returns. Methods are
+implementation, `store/postgres.py` the one a deployment of several replicas shares
+(`--database-url`). Every write is one transaction and durable when its call returns. Methods are
 coroutines so an implementation may talk to a database server without blocking the event loop.
 """
 
@@ -181,6 +182,16 @@ class Tombstone:
     # What remains to erase on disk (`erasure` of `erase_session`) until `finish_erasure`; None
     # once everything is gone.
     erasure: dict[str, Any] | None
+
+
+class SchemaTooNew(Exception):
+    """The ledger was written by a newer version: this one must not touch it (no downgrades)."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the ledger's schema is version {found}, newer than this agent-rewind knows ({known}): "
+            "run the newer version, or restore a backup taken before the upgrade"
+        )
 
 
 class RequestIdTaken(Exception):

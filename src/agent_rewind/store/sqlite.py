@@ -33,6 +33,7 @@ from agent_rewind.store.ledger import (
     RequestIdTaken,
     RequestRecord,
     RewindRecord,
+    SchemaTooNew,
     SessionRecord,
     SnapshotRecord,
     Tombstone,
@@ -41,16 +42,6 @@ from agent_rewind.store.ledger import (
 )
 
 T = TypeVar("T")
-
-
-class SchemaTooNew(Exception):
-    """The ledger was written by a newer version: this one must not touch it (no downgrades)."""
-
-    def __init__(self, found: int, known: int) -> None:
-        super().__init__(
-            f"the ledger's schema is version {found}, newer than this agent-rewind knows ({known}): "
-            "run the newer version, or restore a backup taken before the upgrade"
-        )
 
 
 # Each entry upgrades the schema by one version; never edit one that has shipped.

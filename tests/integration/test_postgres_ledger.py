@@ -1,0 +1,48 @@
+"""The service on a PostgreSQL ledger (--database-url): a real server, real Claude Code processes,
+a real PostgreSQL (pgserver). Sessions, rewinds, snapshots and events live in the database and
+survive a restart; a second server on the same database is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.api.v1 import rewind_pb2
+from agent_rewind.server import StartError
+from tests.integration.harness import BOTH, FILES, prompt_id, read, serve
+from tests.pgserver_fixture import PostgresServer
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    server = PostgresServer()
+    try:
+        yield server.url(server.create_database())
+    finally:
+        server.stop()
+
+
+async def test_the_service_runs_on_postgresql_and_keeps_everything_across_a_restart(
+    tmp_path: Path, database: str
+) -> None:
+    async with serve(tmp_path, database_url=database, workspace_snapshots=True) as c:
+        assert not (tmp_path / "ledger.sqlite3").exists(), "no SQLite ledger beside it"
+        session = await c.create()
+        sid, cwd = session.session_id, Path(session.cwd)
+        ids = [prompt_id(await c.prompt(sid, f"write a.txt v{i}")) for i in range(3)]
+        rewound = await c.rewind(sid, ids[1], BOTH)
+        assert rewound.files.source == rewind_pb2.FILES_SOURCE_SNAPSHOT and rewound.conversation.rewound
+        # A second server on the same database would start the same sessions' agents: refused.
+        with pytest.raises(StartError, match="another agent-rewind server uses this database"):
+            async with serve(tmp_path / "other", database_url=database):
+                pass
+    async with serve(tmp_path, database_url=database, workspace_snapshots=True) as c:
+        assert [p.message_id for p in (await c.points(sid)).points] == ids[:1]
+        assert await c.recall(sid) == ["write a.txt v0", "recall"]
+        events = await c.events(sid)
+        assert [e.rewind_id for e in events] == [rewound.rewind_id]
+        assert read(cwd / "a.txt") == "v0\n"
+        again = await c.rewind(sid, ids[0], FILES)
+        assert again.files.can_rewind and read(cwd / "a.txt") is None
