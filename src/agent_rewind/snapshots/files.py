@@ -116,6 +116,18 @@ class Workspace:
                 return None
             raise
 
+    def content(self, path: str, limit: int) -> tuple[str, bytes] | None:
+        """The mode and bytes a snapshot taken now would record at `path` (a symlink's bytes are
+        its target); None when there is no file or symlink there. OSError(EFBIG) past `limit`."""
+        parts = split(path)
+        try:
+            with self._directory(parts[:-1]) as parent:
+                return _content(parent, parts[-1], limit)
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise
+
     def write(self, path: str, mode: str, chunks: Iterable[bytes]) -> None:
         """Makes `path` a file (or, for MODE_SYMLINK, a symlink whose target is the bytes) with
         this content, creating its parent directories. The new file is complete on disk before
@@ -189,6 +201,25 @@ def _entry(parent: int, name: str) -> Entry | None:
             return None
         executable = bool(opened.st_mode & stat.S_IXUSR)
         return Entry(MODE_EXECUTABLE if executable else MODE_FILE, blob_oid(opened.st_size, _read(fd)))
+    finally:
+        os.close(fd)
+
+
+def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
+    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if stat.S_ISLNK(info.st_mode):
+        return MODE_SYMLINK, os.readlink(os.fsencode(name), dir_fd=parent)
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # swapped since the stat
+            return None
+        if opened.st_size > limit:
+            raise OSError(errno.EFBIG, f"over {limit} bytes", name)
+        executable = bool(opened.st_mode & stat.S_IXUSR)
+        return (MODE_EXECUTABLE if executable else MODE_FILE), b"".join(_read(fd))
     finally:
         os.close(fd)
 

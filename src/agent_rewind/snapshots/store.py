@@ -32,6 +32,7 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -39,10 +40,11 @@ import shutil
 import stat
 import subprocess
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from agent_rewind.snapshots.errors import (
     GitFailed,
@@ -303,24 +305,52 @@ class SnapshotStore:
     def capture(self, paths: Iterable[str]) -> str:
         """A tree holding just `paths` as they are in the workspace now (a path that is missing,
         a directory, or behind a symlink is absent from it). Cheap, unlike `take`: a rewind uses
-        it to keep what it is about to change, so it can be undone. Ignore rules do not apply:
-        every path named is kept. Bounds do not apply either: the caller names the paths."""
+        it to keep what it is about to change, so it can be undone. No git process runs: the
+        blobs and trees are hashed here and written as loose objects, as git writes them. Ignore
+        rules do not apply (every path named is kept); a file over `max_file_bytes` raises."""
         self._git.init()
-        wanted = sorted({p for p in paths if _capturable(p)})
-        scratch = self.repo / f"capture-{secrets.token_hex(6)}.index"
-        git = self._git.with_index(scratch)
-        try:
-            with Workspace(self.workspace) as files:
-                present = [p for p in wanted if files.entry(p) is not None]
-            # A whole scratch index, not a split one: writing a split index would expire the
-            # shared part the store's own index stands on.
-            unsplit = ("-c", "core.splitIndex=false", "-c", "splitIndex.sharedIndexExpire=never")
-            if present:
-                git.run(*unsplit, "update-index", "--add", "-z", "--stdin", stdin=_nul(present))
-            return git.run(*unsplit, "write-tree").decode().strip()
-        finally:
-            scratch.unlink(missing_ok=True)
-            scratch.with_name(scratch.name + ".lock").unlink(missing_ok=True)
+        tree: dict[str, Any] = {}
+        with Workspace(self.workspace) as files:
+            for path in sorted({p for p in paths if _capturable(p)}):
+                found = files.content(path, self.limits.max_file_bytes)
+                if found is None:
+                    continue
+                mode, data = found
+                *dirs, name = path.split("/")
+                node = tree
+                for part in dirs:
+                    child = node.setdefault(part, {})
+                    if not isinstance(child, dict):  # a file where a directory is: keep the file
+                        break
+                    node = child
+                else:
+                    node[name] = (mode, self._write_object(b"blob", data))
+        return self._write_tree(tree)
+
+    def _write_tree(self, node: dict[str, Any]) -> str:
+        entries = []
+        for name, value in node.items():
+            if isinstance(value, dict):
+                entries.append((name + "/", b"40000 " + name.encode(), self._write_tree(value)))
+            else:
+                mode, oid = value
+                entries.append((name, f"{mode} ".encode() + name.encode(), oid))
+        entries.sort(key=lambda e: e[0].encode())  # git's order: a directory as its name + "/"
+        body = b"".join(head + b"\0" + bytes.fromhex(oid) for _, head, oid in entries)
+        return self._write_object(b"tree", body)
+
+    def _write_object(self, kind: bytes, body: bytes) -> str:
+        """Writes a loose object (zlib of `kind size\0body`) unless it exists; its id."""
+        raw = kind + b" %d\0" % len(body) + body
+        oid = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+        target = self.repo / "objects" / oid[:2] / oid[2:]
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            scratch = target.with_name(f".{oid[2:]}.{secrets.token_hex(4)}.tmp")
+            scratch.write_bytes(zlib.compress(raw, 1))
+            scratch.chmod(0o444)
+            scratch.replace(target)
+        return oid
 
     def overlay(self, base: str, source: str, paths: Iterable[str]) -> str:
         """The tree `base` with each of `paths` as it is in `source` (a path absent there is

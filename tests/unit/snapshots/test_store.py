@@ -714,3 +714,31 @@ def test_diff_keeps_each_path_to_its_own_patch(store: SnapshotStore, workspace: 
     only = store.diff(start, end, ["x", "after.txt"])
     assert [d.path for d in only] == ["after.txt", "x"]
     assert only[1] == diffs["x"]
+
+
+def test_a_capture_of_every_path_is_the_very_tree_git_makes(tmp_path: Path) -> None:
+    """capture() hashes and writes objects itself: its tree must be byte for byte git's."""
+    ws = tmp_path / "ws"
+    for path, text in {
+        "a.txt": "a",
+        "b-c.txt": "dash sorts before the directory b/",
+        "b/x.txt": "x",
+        "b/deeper/y.bin": "\x00\x01binary",
+        "b.txt": "b",
+        "z/z.txt": "z",
+    }.items():
+        (ws / path).parent.mkdir(parents=True, exist_ok=True)
+        (ws / path).write_text(text)
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    (ws / "run.sh").chmod(0o755)
+    os.symlink("a.txt", ws / "link")
+    store = SnapshotStore(tmp_path / "repo.git", ws)
+    taken = store.take()
+    assert taken.complete and taken.tree is not None
+    assert store.capture(store.files(taken.tree)) == taken.tree
+    fsck = subprocess.run(
+        ["git", "--git-dir", str(tmp_path / "repo.git"), "fsck", "--strict", "--no-dangling"],
+        capture_output=True,
+        text=True,
+    )
+    assert fsck.returncode == 0, fsck.stderr
