@@ -37,13 +37,21 @@ def _decoder(cls: type[protobuf_message.Message]) -> Callable[[bytes], Any]:
     return decode
 
 
+def _encode(message: Any) -> bytes:
+    """A response, or its bytes already made: an event sent to a thousand watchers, or a page of
+    points asked for again and again, is encoded once (rpc/rewind_service.py)."""
+    if isinstance(message, bytes):
+        return message
+    encoded: bytes = message.SerializeToString()
+    return encoded
+
+
 def add(server: grpc.aio.Server, service: ServiceDescriptor, servicer: object) -> None:
     """Registers every method of `service` on `server`, served by `servicer`'s method of that name."""
     db = symbol_database.Default()
     handlers = {}
     for method in service.methods:
         request = db.GetSymbol(method.input_type.full_name)
-        response = db.GetSymbol(method.output_type.full_name)
         make = (
             grpc.unary_stream_rpc_method_handler
             if method.server_streaming
@@ -52,6 +60,6 @@ def add(server: grpc.aio.Server, service: ServiceDescriptor, servicer: object) -
         handlers[method.name] = make(
             getattr(servicer, method.name),
             request_deserializer=_decoder(request),
-            response_serializer=response.SerializeToString,
+            response_serializer=_encode,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

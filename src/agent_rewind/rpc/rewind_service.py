@@ -28,16 +28,19 @@ from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 
 class _EventMessages:
-    """Each event's response built once, however many watchers send it."""
+    """Each event's response built and encoded once, however many watchers send it (the
+    registration passes bytes through as they are)."""
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._messages: OrderedDict[int, rewind_service_pb2.WatchRewindEventsResponse] = OrderedDict()
+        self._messages: OrderedDict[int, bytes] = OrderedDict()
 
-    def response(self, event: EventRecord) -> rewind_service_pb2.WatchRewindEventsResponse:
+    def response(self, event: EventRecord) -> bytes:
         found = self._messages.get(event.cursor)
         if found is None:
-            found = rewind_service_pb2.WatchRewindEventsResponse(event=convert.rewind_event(event))
+            found = rewind_service_pb2.WatchRewindEventsResponse(
+                event=convert.rewind_event(event)
+            ).SerializeToString()
             self._messages[event.cursor] = found
             if len(self._messages) > self._size:
                 self._messages.popitem(last=False)
@@ -106,9 +109,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         )
 
     @unary
-    async def ListRewindPoints(  # noqa: N802
+    async def ListRewindPoints(  # type: ignore[override]  # noqa: N802 - bytes: see registration._encode
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
-    ) -> rewind_service_pb2.ListRewindPointsResponse:
+    ) -> rewind_service_pb2.ListRewindPointsResponse | bytes:
         worker = self._registry.get(requests.session_id(request.session_id), current())
         size = requests.page_size(request.page_size, default=100)
         scope = f"points:{worker.session_id}"
@@ -117,10 +120,18 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         if not isinstance(start, int) or start < 0:
             raise InvalidArgument("page_token", "is not a token this service issued for this list")
         view = await worker.view()
+        snapshots = await worker.snapshot_availability()
+        # A page asked for again (a UI polling, many clients of one session) is the same bytes
+        # while nothing it shows has changed: the view (a new one after any change to the
+        # transcript or a cut), the flags, the snapshots' availability.
+        key = (start, size, worker.record.checkpointing, worker.holds_newest_checkpoint, id(snapshots))
+        cached = worker.page_cache
+        if cached is not None and cached[0] is view and cached[1] == key:
+            encoded: bytes = cached[2]
+            return encoded
         points = view.points[start : start + size]
         more = start + size < len(view.points)
-        snapshots = await worker.snapshot_availability()
-        return rewind_service_pb2.ListRewindPointsResponse(
+        response = rewind_service_pb2.ListRewindPointsResponse(
             points=[
                 convert.rewind_point(
                     p,
@@ -132,7 +143,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             ],
             next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
             last_message_id=view.last_message_id,
-        )
+        ).SerializeToString()
+        worker.page_cache = (view, key, response, snapshots)
+        return response
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         return RewindRequest(
@@ -166,9 +179,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         return convert.rewind_result(await self._engine.rewind(worker, req))
 
     @streaming
-    async def WatchRewindEvents(  # noqa: N802
+    async def WatchRewindEvents(  # type: ignore[override]  # noqa: N802 - bytes: see registration._encode
         self, request: rewind_service_pb2.WatchRewindEventsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rewind_service_pb2.WatchRewindEventsResponse]:
+    ) -> AsyncIterator[rewind_service_pb2.WatchRewindEventsResponse | bytes]:
         principal = current()
         session_id = None
         if request.session_id:

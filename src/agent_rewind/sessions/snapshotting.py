@@ -48,6 +48,8 @@ class Snapshots:
         self._records: dict[str, list[SnapshotRecord]] = {}
         # Per session: snapshots pruned since its store was last collected.
         self._uncollected: dict[str, int] = {}
+        # Per session: its records' availability, with the list and length it was computed from.
+        self._available: dict[str, tuple[list[SnapshotRecord], int, dict[str, bool]]] = {}
 
     def store(self, session_id: str, cwd: str) -> SnapshotStore:
         found = self._stores.get(session_id)
@@ -100,6 +102,17 @@ class Snapshots:
             )
             return None
 
+    async def availability(self, session_id: str) -> dict[str, bool]:
+        """`available` of the session's records, computed once per change of them (the same
+        dict until then: a page of points asked for again is served from a cache keyed on it)."""
+        records = await self.records(session_id)
+        cached = self._available.get(session_id)
+        if cached is not None and cached[0] is records and cached[1] == len(records):
+            return cached[2]
+        found = self.available(records)
+        self._available[session_id] = (records, len(records), found)
+        return found
+
     def available(self, records: list[SnapshotRecord]) -> dict[str, bool]:
         """Per prompt id whose turn started with a snapshot: whether a files rewind to it can be
         served from snapshots, that is its start snapshot and every later one are complete (a
@@ -141,9 +154,11 @@ class Snapshots:
     def forget(self, session_id: str) -> None:
         """Drops what is cached of a session (its records are re-read on demand)."""
         self._records.pop(session_id, None)
+        self._available.pop(session_id, None)
 
     async def delete(self, session_id: str) -> None:
         self._records.pop(session_id, None)
+        self._available.pop(session_id, None)
         self._uncollected.pop(session_id, None)
         self._stores.pop(session_id, None)
         path = self.root / f"{session_id}.git"

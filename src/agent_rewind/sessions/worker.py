@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -56,6 +57,9 @@ _READ_INLINE_BYTES = 1 << 20
 _ANNOUNCE_POLL = 0.001
 # After the CLI's echo, how long the prompt event may wait for the transcript to show the prompt.
 _ECHO_TO_TRANSCRIPT = 5.0
+
+
+_NO_SNAPSHOTS: Mapping[str, bool] = MappingProxyType({})
 
 
 class State:
@@ -120,6 +124,9 @@ class SessionWorker:
         self._shutting_down = False
         self._newest_turn_pid: int | None = None
         self.update_time: datetime = record.update_time
+        # The RPC layer's last page of points, encoded, with what it was made from (it is the
+        # same bytes while none of that changes); dropped with the index on hibernation.
+        self.page_cache: tuple[Any, ...] | None = None
         # DeleteSession: `_retiring` while it ends the session's work (undone if it fails before
         # the ledger's commit), `deleted` from that commit on. Either way nothing new may run.
         self._retiring = False
@@ -580,12 +587,13 @@ class SessionWorker:
             return 0
         return await snaps.disk_bytes(self.session_id, self.record.cwd)
 
-    async def snapshot_availability(self) -> dict[str, bool]:
-        """Per prompt id: whether a complete workspace snapshot was taken when its turn started."""
+    async def snapshot_availability(self) -> Mapping[str, bool]:
+        """Per prompt id whose turn started with a snapshot: whether snapshots can serve a files
+        rewind to it. The same object while nothing changed (callers may cache on it)."""
         snaps = self._ctx.snapshots
         if snaps is None or not self.record.workspace_snapshots:
-            return {}
-        return snaps.available(await snaps.records(self.session_id))
+            return _NO_SNAPSHOTS
+        return await snaps.availability(self.session_id)
 
     async def _snapshot(self, kind: str, prompt_id: str) -> None:
         """Snapshots the workspace at a turn's start or end, when the session has snapshots on.
@@ -740,6 +748,7 @@ class SessionWorker:
         self.process.let_go()
         await self.process.settle()
         self._index = None
+        self.page_cache = None
         self._turns_by_request.clear()
         if self._ctx.snapshots is not None:
             self._ctx.snapshots.forget(self.session_id)
