@@ -64,7 +64,7 @@ from agent_rewind.api.v1 import (
     rewind_service_pb2_grpc,
     session_service_pb2,
 )
-from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, RewindOutcome, event_data
+from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data
 from agent_rewind.rpc.requests import MAX_PAGE_SIZE
 from agent_rewind.server import cli_environment
 from agent_rewind.sessions.adapter import ClientSpec, build_options

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,15 @@ from agent_rewind.errors import (
     StorageUnavailable,
 )
 from agent_rewind.rewind import checkpoints, workspace
+from agent_rewind.rewind.outcome import (
+    ConversationHalf,
+    FilesHalf,
+    Mode,
+    RefusedHalf,
+    RewindOutcome,
+    event_data,
+    refuse,
+)
 from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
@@ -54,99 +62,6 @@ from agent_rewind.store.ledger import (
 from agent_rewind.transcript.entries import RewindPoint
 
 log = structlog.get_logger(__name__)
-
-
-class Mode(enum.Enum):
-    FILES = "files"
-    CONVERSATION = "conversation"
-    BOTH = "both"
-
-    @property
-    def files(self) -> bool:
-        return self in (Mode.FILES, Mode.BOTH)
-
-    @property
-    def conversation(self) -> bool:
-        return self in (Mode.CONVERSATION, Mode.BOTH)
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why one half would be refused: the reason and message of the error Rewind fails with."""
-
-    reason: str
-    message: str
-    metadata: dict[str, str] = field(default_factory=dict)
-
-
-def _refuse(err: AgentRewindError) -> Refusal:
-    return Refusal(err.reason, err.message, dict(err.metadata))
-
-
-class RefusedHalf(AgentRewindError):
-    """Raised by Rewind for a refused half; carries the refusal's own reason."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.message, metadata=refusal.metadata)
-        self.reason = refusal.reason
-
-
-@dataclass(frozen=True)
-class FilesHalf:
-    requested: bool = False
-    can_rewind: bool = False
-    files_changed: tuple[str, ...] = ()
-    insertions: int = 0
-    deletions: int = 0
-    skipped_links: int = 0
-    refusal: Refusal | None = None
-    # "checkpoint" (the CLI's) or "snapshot" (the service's workspace snapshots).
-    source: str = "checkpoint"
-    conflicts: tuple[tuple[str, str], ...] = ()  # (path, resolution)
-    diffs: tuple[dict[str, Any], ...] = ()
-    diffs_truncated: bool = False
-
-
-@dataclass(frozen=True)
-class ConversationHalf:
-    requested: bool = False
-    can_rewind: bool = False
-    rewound: bool = False
-    messages_dropped: int = 0
-    refusal: Refusal | None = None
-
-
-@dataclass(frozen=True)
-class RewindOutcome:
-    rewind_id: str
-    files: FilesHalf
-    conversation: ConversationHalf
-    last_message_id: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RewindOutcome:
-        def refusal(raw: dict[str, Any]) -> Refusal | None:
-            return Refusal(**raw["refusal"]) if raw.get("refusal") else None
-
-        files = data["files"]
-        conversation = data["conversation"]
-        return cls(
-            rewind_id=data["rewind_id"],
-            files=FilesHalf(
-                **{
-                    **files,
-                    "files_changed": tuple(files["files_changed"]),
-                    "refusal": refusal(files),
-                    "conflicts": tuple(tuple(c) for c in files.get("conflicts", ())),
-                    "diffs": tuple(files.get("diffs", ())),
-                }
-            ),
-            conversation=ConversationHalf(**{**conversation, "refusal": refusal(conversation)}),
-            last_message_id=data["last_message_id"],
-        )
 
 
 @dataclass(frozen=True)
@@ -279,14 +194,14 @@ class RewindEngine:
                 )
             )
         except SnapshotUnavailable as err:
-            return FilesHalf(True, refusal=_refuse(err), source="snapshot"), None, now
+            return FilesHalf(True, refusal=refuse(err), source="snapshot"), None, now
         half = FilesHalf(
             True,
             plan.refusal is None,
             tuple(str(Path(cwd) / path) for path in plan.changed),
             plan.insertions,
             plan.deletions,
-            refusal=_refuse(plan.refusal) if plan.refusal is not None else None,
+            refusal=refuse(plan.refusal) if plan.refusal is not None else None,
             source="snapshot",
             conflicts=plan.conflicts,
             diffs=plan.diffs,
@@ -308,7 +223,7 @@ class RewindEngine:
             files, snapshot, now = served
         elif req.mode.files:
             if not worker.record.checkpointing:
-                files = FilesHalf(True, refusal=_refuse(CheckpointingDisabled(worker.session_id)))
+                files = FilesHalf(True, refusal=refuse(CheckpointingDisabled(worker.session_id)))
             else:
                 answer = await worker.rewind_files(point.message_id, dry_run=True)
                 if answer.can_rewind:
@@ -330,11 +245,11 @@ class RewindEngine:
                     err = FileCheckpointUnavailable(
                         point.message_id, answer.error or "the CLI cannot rewind files"
                     )
-                    files = FilesHalf(True, refusal=_refuse(err))
+                    files = FilesHalf(True, refusal=refuse(err))
         conversation = ConversationHalf()
         if req.mode.conversation:
             if not point.resume_at_message_id:
-                conversation = ConversationHalf(True, refusal=_refuse(NoConversationAnchor(point.message_id)))
+                conversation = ConversationHalf(True, refusal=refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
         return _Plan(point, files, conversation, 0, view.last_message_id, snapshot, now, view.leaf)
@@ -634,26 +549,3 @@ class RewindEngine:
             except AgentRewindError as err:
                 # Tried again before the session's next prompt or rewind.
                 log.error("could not finish an interrupted rewind", session_id=session_id, error=err.message)
-
-
-def event_data(target: str, mode: str, outcome: RewindOutcome, owner: str) -> dict[str, Any]:
-    """What a REWOUND event tells watchers: ids, the mode, the files summary, counts. No text.
-    `owner`: the session's principal, who (with admins) may see the event."""
-    files = outcome.files
-    return {
-        "owner": owner,
-        "message_id": target,
-        "mode": mode,
-        "files": {
-            "requested": files.requested,
-            "can_rewind": files.can_rewind,
-            "files_changed": list(files.files_changed),
-            "insertions": files.insertions,
-            "deletions": files.deletions,
-            "skipped_links": files.skipped_links,
-            "source": files.source if files.requested else "",
-        },
-        "messages_dropped": outcome.conversation.messages_dropped,
-        "conversation_changed": outcome.conversation.rewound,
-        "last_message_id": outcome.last_message_id,
-    }

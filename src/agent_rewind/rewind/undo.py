@@ -21,13 +21,14 @@ import json
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from agent_rewind import faults
 from agent_rewind.errors import ExternalChanges, RequestIdReused, StorageUnavailable, UndoUnavailable
 from agent_rewind.rewind import workspace
+from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.snapshots import RestoreError, Snapshot
@@ -40,9 +41,6 @@ from agent_rewind.store.ledger import (
     NewRewind,
     RewindRecord,
 )
-
-if TYPE_CHECKING:
-    from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, RewindOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -121,8 +119,6 @@ class Undo:
 
     async def plan(self, worker: SessionWorker, req: UndoRequest) -> tuple[RewindRecord, dict[str, Any]]:
         """What undoing the request's rewind does; raises UNDO_UNAVAILABLE or EXTERNAL_CHANGES."""
-        from agent_rewind.rewind.engine import RewindOutcome
-
         target = await self._target(worker, req)
         assert target.result is not None
         done = RewindOutcome.from_json(target.result)
@@ -174,8 +170,6 @@ class Undo:
 
     def outcome(self, worker: SessionWorker, target: RewindRecord, plan: dict[str, Any]) -> RewindOutcome:
         """The result an undo reports: the rewind it undid, what it put back."""
-        from agent_rewind.rewind.engine import ConversationHalf, FilesHalf, RewindOutcome
-
         files: FilesHalf = FilesHalf()
         if plan["files"] is not None:
             f = plan["files"]
@@ -251,8 +245,6 @@ class Undo:
 
     async def finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
-        from agent_rewind.rewind.engine import RewindOutcome, event_data
-
         plan = record.plan
         outcome = RewindOutcome.from_json(plan["outcome"])
         files = plan["files"]

@@ -23,7 +23,8 @@ from agent_rewind.errors import (
     FileCheckpointUnavailable,
     RewindConflict,
 )
-from agent_rewind.rewind.engine import Mode, RewindEngine, RewindRequest
+from agent_rewind.rewind.engine import RewindEngine, RewindRequest
+from agent_rewind.rewind.outcome import Mode
 from agent_rewind.sessions.adapter import AgentError, ClientSpec
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
