@@ -30,7 +30,6 @@ from agent_rewind.errors import (
     CheckpointingDisabled,
     FileCheckpointUnavailable,
     NoConversationAnchor,
-    RequestIdReused,
     RewindConflict,
     SnapshotUnavailable,
     StorageUnavailable,
@@ -43,6 +42,7 @@ from agent_rewind.rewind.outcome import (
     RefusedHalf,
     RewindOutcome,
     event_data,
+    recorded,
     refuse,
 )
 from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
@@ -271,16 +271,7 @@ class RewindEngine:
 
     async def _previous(self, req: RewindRequest) -> RewindRecord | None:
         """The rewind this request id started, if any; REQUEST_ID_REUSED for another call."""
-        request = self._request(req)
-        if request is None:
-            return None
-        recorded = await self._ledger.request(request.request_id)
-        if recorded is None:
-            return None
-        if not recorded.same_call(request):
-            raise RequestIdReused(request.request_id)
-        rewind_id = (recorded.result or {}).get("rewind_id")
-        return await self._ledger.rewind(str(rewind_id)) if rewind_id else None
+        return await recorded(self._ledger, self._request(req))
 
     async def rewind(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Applies a rewind, all of it or nothing.

@@ -26,9 +26,9 @@ from typing import Any
 import structlog
 
 from agent_rewind import faults
-from agent_rewind.errors import ExternalChanges, RequestIdReused, StorageUnavailable, UndoUnavailable
+from agent_rewind.errors import ExternalChanges, StorageUnavailable, UndoUnavailable
 from agent_rewind.rewind import workspace
-from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data
+from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data, recorded
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.snapshots import RestoreError, Snapshot
@@ -88,16 +88,7 @@ class Undo:
 
     async def previous(self, req: UndoRequest) -> RewindRecord | None:
         """The undo this request id started, if any; REQUEST_ID_REUSED for another call."""
-        request = req.request()
-        if request is None:
-            return None
-        recorded = await self._ledger.request(request.request_id)
-        if recorded is None:
-            return None
-        if not recorded.same_call(request):
-            raise RequestIdReused(request.request_id)
-        undo_id = (recorded.result or {}).get("rewind_id")
-        return await self._ledger.rewind(str(undo_id)) if undo_id else None
+        return await recorded(self._ledger, req.request())
 
     async def _target(self, worker: SessionWorker, req: UndoRequest) -> RewindRecord:
         applied = [r for r in await self._ledger.rewinds(worker.session_id) if r.state == "applied"]
