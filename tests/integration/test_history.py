@@ -3,6 +3,9 @@ real server and real Claude Code processes."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -272,3 +275,37 @@ async def test_a_fork_of_the_whole_session_copies_it_as_it_is(tmp_path: Path) ->
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.sessions.ForkSession(_fork(sid, ids[1]))
         assert error_info(err.value).reason == "SNAPSHOT_UNAVAILABLE"
+
+
+async def test_a_caller_hanging_up_mid_fork_leaves_a_whole_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rewind.sessions import forking
+
+    copying = threading.Event()
+    real = forking.copy_workspace
+
+    def slow_copy(*args: Any) -> None:
+        copying.set()
+        time.sleep(0.5)
+        real(*args)
+
+    monkeypatch.setattr(forking, "copy_workspace", slow_copy)
+    async with serve(tmp_path) as c:
+        sid, _, _ = await _three_turns(c)
+        call = asyncio.ensure_future(c.sessions.ForkSession(_fork(sid)))
+        assert await asyncio.to_thread(copying.wait, 10)
+        call.cancel()  # the caller hangs up while the workspace is being copied
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+        async def fork_listed() -> list[session_pb2.Session]:
+            while True:
+                listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
+                forks = [s for s in listed.sessions if s.session_id != sid]
+                if forks and forks[0].turn_count:
+                    return forks
+                await asyncio.sleep(0.05)
+
+        (fork,) = await asyncio.wait_for(fork_listed(), 20)
+        assert await c.recall(fork.session_id) == [P0, P1, P2, "recall"], "the fork was finished"

@@ -305,7 +305,12 @@ class SessionRegistry:
     async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         """ForkSession (sessions/forking.py): a new session whose conversation and files are the
         source's just before `message_id` (empty: as they are now). The source's lock is held
-        meanwhile, so no turn changes it while it is copied; it is otherwise untouched."""
+        meanwhile, so no turn changes it while it is copied; it is otherwise untouched. The work
+        runs in a task of its own: a caller that hangs up midway leaves a whole fork, not half."""
+        task = asyncio.create_task(self._fork(source, message_id, req), name=f"fork-{source.session_id}")
+        return await asyncio.shield(task)
+
+    async def _fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         snapshots = self._ctx.snapshots
         async with source.exclusive():
             view = await source.view()
