@@ -125,6 +125,20 @@ async def test_a_foreign_principal_sees_nothing_of_a_session_and_admin_sees_it(t
                 bob.dry_run(target, point, FILES),
                 bob.sessions.CloseSession(session_service_pb2.CloseSessionRequest(session_id=target)),
                 bob.sessions.Interrupt(session_service_pb2.InterruptRequest(session_id=target)),
+                bob.sessions.ForkSession(session_service_pb2.ForkSessionRequest(session_id=target)),
+                bob.sessions.DeleteSession(session_service_pb2.DeleteSessionRequest(session_id=target)),
+                bob.rewinds.UndoRewind(
+                    rewind_service_pb2.UndoRewindRequest(session_id=target, rewind_id=str(uuid.uuid4()))
+                ),
+                _first(
+                    bob.sessions.Prompt(
+                        session_service_pb2.PromptRequest(
+                            session_id=target,
+                            text="say hi",
+                            rewind=session_service_pb2.PromptRewind(message_id=point, mode=FILES),
+                        )
+                    )
+                ),
             ):
                 err = await _refused(call)
                 assert (err.code(), error_info(err).reason) == (
@@ -137,6 +151,7 @@ async def test_a_foreign_principal_sees_nothing_of_a_session_and_admin_sees_it(t
             s.session_id
             for s in (await admin.sessions.ListSessions(session_service_pb2.ListSessionsRequest())).sessions
         ] == [sid]
+        assert (await alice.get(sid)).turn_count == 1, "nothing bob asked reached it"
         assert (await admin.get(sid)).principal == "alice"
         assert (await admin.rewind(sid, point, FILES)).files.can_rewind
 
