@@ -39,8 +39,9 @@ demo: $(STAMP)  ## walk through the product against a running `make run`
 bench: $(STAMP)  ## speed targets, medians side by side
 	$(PY) -m benchmarks $(ARGS)
 
-fuzz: $(STAMP)  ## every hostile-input property and RPC fuzz with at least 10,000 examples each (tens of minutes)
-	AGENT_REWIND_FUZZ=1 $(PY) -m pytest tests/unit/test_hostile_input.py tests/integration/test_fuzz.py \
+fuzz: $(STAMP)  ## every hostile-input property and RPC fuzz with at least 10,000 examples each, and the workspace watch's model with 3,000 (tens of minutes)
+	AGENT_REWIND_FUZZ=1 AGENT_REWIND_WATCH_EXAMPLES=3000 $(PY) -m pytest tests/unit/test_hostile_input.py \
+		tests/integration/test_fuzz.py tests/unit/snapshots/test_watch.py \
 		-p no:cacheprovider --hypothesis-show-statistics -q $(ARGS)
 
 soak: $(STAMP)  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)

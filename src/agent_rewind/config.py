@@ -72,6 +72,9 @@ class Config:
     snapshot_max_file_bytes: int = 16 * 1024 * 1024
     snapshot_max_bytes: int = 512 * 1024 * 1024
     snapshot_timeout: float = 30.0
+    # Follow live sessions' workspaces with inotify, so a snapshot asks git about what changed
+    # rather than scanning the workspace; off where other machines write the workspaces (NFS).
+    snapshot_watch: bool = True
     # Rewind points per session (the newest) that keep their snapshots; 0 for all.
     snapshot_retention: int = 0
     # The environment the CLI processes see, beyond what the service sets itself.
@@ -469,6 +472,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "seconds one snapshot may take; beyond, it is incomplete",
         convert=seconds,
         metavar="S",
+    ),
+    Flag(
+        "--snapshot-watch",
+        "snapshot_watch",
+        "follow live sessions' workspaces with inotify, so a snapshot asks git only about what "
+        "changed; turn off where other machines write the workspaces (a network filesystem)",
+        switch=True,
     ),
     Flag(
         "--snapshot-retention",

@@ -68,6 +68,20 @@ REWIND_SECONDS = Histogram(
     buckets=_FAST,
     registry=REGISTRY,
 )
+SNAPSHOTS = Counter(
+    "agent_rewind_workspace_snapshots_total",
+    "Workspace snapshots taken, by how (unchanged, watched, paths, scan: see docs/rewind.md) and "
+    "whether complete",
+    ["how", "complete"],
+    registry=REGISTRY,
+)
+SNAPSHOT_SECONDS = Histogram(
+    "agent_rewind_workspace_snapshot_seconds",
+    "How long a workspace snapshot took, by how it was taken",
+    ["how"],
+    buckets=_FAST,
+    registry=REGISTRY,
+)
 EVENTS_SENT = Counter(
     "agent_rewind_events_sent_total", "Rewind events sent to watchers, over every watcher", registry=REGISTRY
 )

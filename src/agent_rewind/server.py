@@ -335,6 +335,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
             max_total_bytes=config.snapshot_max_bytes,
             timeout_s=config.snapshot_timeout,
         ),
+        watch=config.snapshot_watch,
     )
     engine = RewindEngine(ledger, publish=hub.publish, snapshots=snapshots)
     live = LiveSlots(config.max_live_sessions or default_max_live())

@@ -11,7 +11,9 @@ success, never a failed turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import TypeVar
 
 import structlog
 
+from agent_rewind import metrics
 from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore
 from agent_rewind.store.ledger import Ledger, NewSnapshot, SnapshotRecord
 
@@ -31,6 +34,10 @@ TURN_END = "turn_end"
 REWIND_BEFORE = "rewind_before"
 REWIND_AFTER = "rewind_after"
 
+# Stores watching their workspace at once (an inotify instance each; a user has 128 by default,
+# and each live CLI process holds one): past it, the least recently snapshotted stops watching.
+MAX_WATCHED = 48
+
 # Pruned snapshots a store collects at once (a repack), rather than one at every turn.
 COLLECT_AFTER = 16
 
@@ -38,9 +45,16 @@ COLLECT_AFTER = 16
 class Snapshots:
     """Every session's snapshot store, under one directory of the state dir."""
 
-    def __init__(self, root: Path, ledger: Ledger, limits: Limits, threads: int = 4) -> None:
+    def __init__(
+        self, root: Path, ledger: Ledger, limits: Limits, threads: int = 4, *, watch: bool = False
+    ) -> None:
+        """`watch`: each store follows its workspace while its session is live (inotify), so a
+        snapshot asks git only about what changed (`snapshots.watch`)."""
         self.root = root
         self.limits = limits
+        self.watch = watch
+        # Sessions whose store may be watching its workspace, least recently snapshotted first.
+        self._watching: OrderedDict[str, None] = OrderedDict()
         self._ledger = ledger
         self._stores: dict[str, SnapshotStore] = {}
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="snapshot")
@@ -54,7 +68,7 @@ class Snapshots:
     def store(self, session_id: str, cwd: str) -> SnapshotStore:
         found = self._stores.get(session_id)
         if found is None:
-            found = SnapshotStore(self.root / f"{session_id}.git", Path(cwd), self.limits)
+            found = SnapshotStore(self.root / f"{session_id}.git", Path(cwd), self.limits, watch=self.watch)
             self._stores[session_id] = found
         return found
 
@@ -72,11 +86,20 @@ class Snapshots:
     async def take(self, session_id: str, cwd: str) -> Snapshot:
         """The workspace as it is now, unrecorded (a dry run's view)."""
         store = self.store(session_id, cwd)
+        if self.watch:
+            self._watching[session_id] = None
+            self._watching.move_to_end(session_id)
+            while len(self._watching) > MAX_WATCHED:  # each watch holds an inotify instance
+                self._stop_watching(next(iter(self._watching)))
         try:
-            return await self.run(store.take)
+            snapshot = await self.run(store.take)
         except Exception as err:  # git missing, disk full, ...: incomplete, never a silent success
             log.error("workspace snapshot failed", session_id=session_id, error=str(err))
-            return Snapshot(None, False, f"error: {err}")
+            snapshot = Snapshot(None, False, f"error: {err}")
+        how = snapshot.how or "failed"
+        metrics.SNAPSHOTS.labels(how, "true" if snapshot.complete else "false").inc()
+        metrics.SNAPSHOT_SECONDS.labels(how).observe(snapshot.seconds)
+        return snapshot
 
     async def record(self, session_id: str, kind: str, ref: str, snapshot: Snapshot) -> SnapshotRecord:
         """Records a snapshot taken for the session. Raises what the ledger raises."""
@@ -152,14 +175,24 @@ class Snapshots:
         return await self.run(store.disk_bytes)
 
     def forget(self, session_id: str) -> None:
-        """Drops what is cached of a session (its records are re-read on demand)."""
+        """Drops what is cached of a session (its records are re-read on demand) and stops
+        watching its workspace (its next snapshot scans it)."""
         self._records.pop(session_id, None)
         self._available.pop(session_id, None)
+        self._stop_watching(session_id)
+
+    def _stop_watching(self, session_id: str) -> None:
+        self._watching.pop(session_id, None)
+        store = self._stores.get(session_id)
+        if store is not None:  # in the snapshot threads: a take of it may be running
+            with contextlib.suppress(RuntimeError):  # shut down: the process is ending
+                self._executor.submit(store.close)
 
     async def delete(self, session_id: str) -> None:
         self._records.pop(session_id, None)
         self._available.pop(session_id, None)
         self._uncollected.pop(session_id, None)
+        self._stop_watching(session_id)
         self._stores.pop(session_id, None)
         path = self.root / f"{session_id}.git"
         await self.run(lambda: shutil.rmtree(path, ignore_errors=True))

@@ -32,19 +32,18 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
-import secrets
 import shutil
 import stat
-import subprocess
+import threading
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import structlog
 
 from agent_rewind.snapshots.errors import (
     GitFailed,
@@ -62,11 +61,16 @@ from agent_rewind.snapshots.files import (
     split,
 )
 from agent_rewind.snapshots.git import Git
+from agent_rewind.snapshots.objects import MODE_TREE, Objects
+from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 ChangeKind = Literal["added", "modified", "deleted"]
 
 KEEP_REF = "refs/agent-rewind/keep"
 DEFAULT_DIFF_BYTES = 64 * 1024
+
+log = structlog.get_logger(__name__)
+
 
 _OID = re.compile(r"[0-9a-f]{40}")
 _KINDS: dict[bytes, ChangeKind] = {b"A": "added", b"D": "deleted", b"M": "modified", b"T": "modified"}
@@ -92,6 +96,10 @@ class Snapshot:
     complete: bool
     reason: str = ""
     seconds: float = 0.0
+    # How it was taken: "unchanged" (the watch saw nothing change: the last tree), "watched"
+    # (the changed files hashed here), "paths" (git scanned the changed directories), "scan"
+    # (git scanned the whole workspace); "" when it failed before knowing.
+    how: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,12 @@ class _Plan:
 class SnapshotStore:
     """The snapshots of one workspace, in the bare repository `repo` (created on first use)."""
 
-    def __init__(self, repo: Path, workspace: Path, limits: Limits | None = None) -> None:
+    def __init__(
+        self, repo: Path, workspace: Path, limits: Limits | None = None, *, watch: bool = False
+    ) -> None:
+        """`watch`: follow the workspace with inotify between snapshots, so that a snapshot asks
+        git about the paths that changed rather than scanning the workspace (`snapshots.watch`);
+        `close()` stops it."""
         repo, workspace = Path(repo).absolute(), Path(workspace).absolute()
         real_repo, real_workspace = repo.resolve(), workspace.resolve()
         if real_repo.is_relative_to(real_workspace) or real_workspace.is_relative_to(real_repo):
@@ -138,6 +151,27 @@ class SnapshotStore:
         self.workspace = workspace
         self.limits = limits or Limits()
         self._git = Git(repo, workspace)
+        self._lock = threading.Lock()  # one take at a time: they share the index
+        # Commands that only read objects run without the index (an empty one): a damaged index,
+        # which the next scan rebuilds, never stops them; and they never wait on its lock.
+        self._reader = self._git.with_index(repo / "no-index")
+        self._objects = Objects(repo, self._reader)  # for the take of a few paths, and capture
+        # Paths a take recorded without git (`_take_known`) since the index was last brought up
+        # to date: the index still holds what they were until `_sync_index`.
+        self._unsynced: set[str] = set()
+        self._written: str | None = None  # the tree `_take_known` wrote last
+        self._how = ""  # how the current take goes (Snapshot.how)
+        self._watch: Watch | None = Watch(workspace) if watch else None
+        # The tree the index held after the last complete snapshot, while the watch has seen
+        # every change since; None when the next snapshot must scan the whole workspace.
+        self._tree: str | None = None
+
+    def close(self) -> None:
+        """Stops watching the workspace (the next snapshot scans it; the store stays usable)."""
+        with self._lock:
+            self._tree = None
+            if self._watch is not None:
+                self._watch.close()
 
     # Taking
 
@@ -146,31 +180,200 @@ class SnapshotStore:
         failure, a bound or the timeout gives an incomplete snapshot saying why."""
         started = time.monotonic()
         tree: str | None = None
-        try:
-            tree, problems = self._take(started + self.limits.timeout_s)
-        except GitTimeout:
-            problems = [f"timeout: the snapshot took over {self.limits.timeout_s:g} s"]
-        except (SnapshotError, OSError) as err:
-            problems = [f"error: {err}"]
+        with self._lock:
+            self._how = ""
+            self._tree, last = None, self._tree  # until this snapshot is known to be complete
+            try:
+                tree, problems = self._take(started + self.limits.timeout_s, last)
+            except GitTimeout:
+                problems = [f"timeout: the snapshot took over {self.limits.timeout_s:g} s"]
+            except (SnapshotError, OSError) as err:
+                problems = [f"error: {err}"]
+            if tree is not None and not problems and self._watch is not None and self._watch.watching:
+                self._tree = tree
         return Snapshot(
             tree=tree,
             complete=tree is not None and not problems,
             reason=_summary(problems),
             seconds=time.monotonic() - started,
+            how=self._how,
         )
 
-    def _take(self, deadline: float) -> tuple[str | None, list[str]]:
+    def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
         self._git.init()
         self._git.clear_stale_locks()  # a take killed at its deadline may have left one
         try:
-            changed, others = self._scan(deadline)
+            paths = self._changed(last, deadline)
+        except GitFailed:  # the index cannot be read: the scan below finds so, and rebuilds it
+            paths = None
+        if paths is not None:
+            assert last is not None
+            if not paths:
+                self._how = "unchanged"
+                return last, []  # nothing changed since the last snapshot
+            try:
+                known = self._take_known(last, paths, deadline)
+            finally:
+                self._objects.close()
+            if known is not None:
+                self._how = "watched"
+                if known[0] is not None:
+                    self._unsynced |= paths
+                    self._written = known[0]
+                return known
+        self._how = "scan" if paths is None else "paths"
+        try:
+            self._sync_index(deadline)
+            changed, others = self._scan(deadline, paths)
         except GitFailed:
             if not self.workspace.is_dir():
                 raise
             # The index cannot be read (a disk fault, a crash mid-write): it is only a cache of
             # stat data, so start over from none, hashing every file once more.
             self._git.drop_index()
+            self._unsynced.clear()
+            self._how = "scan"
             changed, others = self._scan(deadline)
+        return self._record(changed, others, deadline)
+
+    def _sync_index(self, deadline: float | None) -> None:
+        """Gives the index the entries `_take_known` recorded without it (from the tree it wrote
+        last), before git scans: a file recorded once stays recorded, ignored or not, as in git.
+        Without stat data, git hashes those files again when it next looks at them."""
+        if not self._unsynced:
+            return
+        assert self._written is not None
+        lines = []
+        for path in sorted(self._unsynced):
+            entry = self._objects.lookup(self._written, path) if _capturable(path) else None
+            if entry is None or entry[0] == MODE_TREE:
+                lines.append(b"0 " + b"0" * 40 + b"\t" + os.fsencode(path) + b"\0")
+            else:
+                lines.append(f"{entry[0]} {entry[1]}\t".encode() + os.fsencode(path) + b"\0")
+        try:
+            self._git.run(
+                "update-index", "-z", "--replace", "--index-info", stdin=b"".join(lines), deadline=deadline
+            )
+        finally:
+            self._objects.close()
+        self._unsynced.clear()
+
+    def _take_known(self, last: str, paths: set[str], deadline: float) -> tuple[str | None, list[str]] | None:
+        """The snapshot `last` with `paths` (all that changed since, as the watch saw it) as they
+        are now, written without git: the blobs and the trees on the way to them are hashed here
+        (`Objects.edit`), and only a new file asks git whether it is ignored (`check-ignore`, which
+        reads no index). None when git must do it: a directory was made or removed.
+
+        The same rules as a scan: a path behind a symlink, missing, or neither a file nor a
+        symlink is not recorded; a name git refuses, or a file over the size bound, makes the
+        snapshot incomplete; over the total bound nothing is written. The index is left as it
+        was: the caller remembers the paths, so that the next scan of some paths includes them."""
+        objects = self._objects
+        changes: dict[str, tuple[str, str] | None] = {}
+        write: list[tuple[str, bool]] = []  # (path, tracked), to hash once the bounds are checked
+        problems: list[str] = []
+        total = 0
+        real_dirs: dict[str, bool] = {"": True}
+        for path in sorted(paths):
+            if time.monotonic() > deadline:
+                raise GitTimeout("the deadline passed while reading the changed files")
+            if not _capturable(path):
+                continue  # in a .git directory: git never records it
+            old = objects.lookup(last, path)
+            if old is not None and old[0] == MODE_TREE:
+                return None
+            gone = old is not None  # what the snapshot records for a path it must not hold
+            if not self._real_dir(path.rpartition("/")[0], real_dirs):
+                if gone:
+                    changes[path] = None
+                continue
+            try:
+                info = os.lstat(self.workspace / path)
+            except (FileNotFoundError, NotADirectoryError):
+                if gone:
+                    changes[path] = None
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                return None
+            problem = ""
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                pass  # a FIFO, socket or device: git records none
+            elif refused := _refused_by_git(path, stat.S_ISLNK(info.st_mode)):
+                problem = f"unsupported path ({refused}): {path}"
+            elif info.st_size > self.limits.max_file_bytes:
+                problem = f"file over {self.limits.max_file_bytes} bytes: {path}"
+            else:
+                write.append((path, old is not None))
+                total += info.st_size
+                continue
+            if problem:
+                problems.append(problem)
+            if gone:
+                changes[path] = None
+        if total > self.limits.max_total_bytes:
+            return None, [f"total over {self.limits.max_total_bytes} bytes: {total} bytes changed", *problems]
+        ignored = self._ignored([path for path, tracked in write if not tracked], deadline)
+        with Workspace(self.workspace) as files:
+            for path, tracked in write:
+                if path in ignored:
+                    continue
+                try:
+                    found = files.content(path, self.limits.max_file_bytes)
+                except OSError as err:  # grew past the bound since its lstat, or unreadable
+                    problems.append(f"{path}: {err.strerror or err}")
+                    found = None
+                if found is None:
+                    if tracked:
+                        changes[path] = None
+                    continue
+                mode, data = found
+                changes[path] = (mode, objects.write(b"blob", data))
+        try:
+            return objects.edit(last, changes), problems
+        except SnapshotError:
+            return None  # a file became a directory's parent meanwhile: let git write it
+
+    def _ignored(self, paths: list[str], deadline: float) -> set[str]:
+        """Which of the untracked `paths` the workspace's ignore rules exclude."""
+        if not paths:
+            return set()
+        # `:/:` turns off pathspec magic in a name; check-ignore refuses the literal flag.
+        out = self._reader.run(
+            "check-ignore", "--no-index", "-z", "--stdin",
+            stdin=b"".join(b":/:" + os.fsencode(p) + b"\0" for p in paths),
+            deadline=deadline, ok=(0, 1), literal=False,
+        )  # fmt: skip
+        return {p.removeprefix(":/:") for p in _paths(out)}
+
+    def _changed(self, last: str | None, deadline: float) -> set[str] | None:
+        """What the watch saw change since the snapshot whose tree is `last`, or None to scan
+        everything (no watch, none trusted yet, or it may have missed something): then the
+        watch is started over first, so that what changes during the scan is seen next time."""
+        if self._watch is None:
+            return None
+        found = self._watch.changed() if last is not None else None
+        if found is not None:
+            return found
+        # Not the directories git ignores: a `node_modules/` would cost watches, not snapshots.
+        # The listing also names a directory that merely holds nothing but ignored files (a new
+        # file there is not ignored): only those an ignore rule names themselves are skipped.
+        listed = self._git.run(
+            "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory", deadline=deadline
+        )
+        ignored = self._ignored([p for p in _paths(listed) if p.endswith("/")], deadline)
+        try:
+            self._watch.start(ignored)
+        except Unwatchable as err:
+            log.warning(
+                "workspace cannot be watched; its snapshots scan it",
+                workspace=str(self.workspace),
+                error=str(err),
+            )
+            self._watch = None
+        return None
+
+    def _record(self, changed: bytes, others: bytes, deadline: float) -> tuple[str | None, list[str]]:
+        """Adds what the scan found to the index, and writes its tree."""
         untracked: list[str] = []
         nested: list[str] = []
         for path in _paths(others):
@@ -199,10 +402,20 @@ class SnapshotStore:
             self._git.drop_unused_shared_indexes()
         return tree, plan.problems
 
-    def _scan(self, deadline: float) -> tuple[bytes, bytes]:
-        """The tracked paths whose stat data changed, and the untracked ones (not ignored)."""
+    def _scan(self, deadline: float, paths: Iterable[str] | None = None) -> tuple[bytes, bytes]:
+        """The tracked paths whose stat data changed, and the untracked ones (not ignored): of
+        the whole workspace, or of `paths` (a directory stands for everything below it)."""
+        if paths is None:
+            spec: tuple[str, ...] = ()
+            preload: tuple[str, ...] = ()
+        else:
+            spec = ("--", *sorted(paths))
+            preload = ("-c", "core.preloadIndex=false")  # its threads would stat every file
         changed, others = self._git.run_parallel(
-            [("diff-files", "--name-only", "-z"), ("ls-files", "-z", "--others", "--exclude-standard")],
+            [
+                (*preload, "diff-files", "--name-only", "-z", *spec),
+                ("ls-files", "-z", "--others", "--exclude-standard", *spec),
+            ],
             deadline,
         )
         return changed, others
@@ -294,7 +507,7 @@ class SnapshotStore:
 
     def changes(self, a: str, b: str) -> list[Change]:
         """The paths whose content, mode or type differs from tree `a` to tree `b`."""
-        out = self._git.run("diff-tree", "-r", "-z", "--no-renames", _oid(a), _oid(b))
+        out = self._reader.run("diff-tree", "-r", "-z", "--no-renames", _oid(a), _oid(b))
         fields = out.split(b"\0")
         changes: list[Change] = []
         for meta, path in zip(fields[0::2], fields[1::2], strict=False):
@@ -308,6 +521,10 @@ class SnapshotStore:
         it to keep what it is about to change, so it can be undone. No git process runs: the
         blobs and trees are hashed here and written as loose objects, as git writes them. Ignore
         rules do not apply (every path named is kept); a file over `max_file_bytes` raises."""
+        with self._lock:
+            return self._capture(paths)
+
+    def _capture(self, paths: Iterable[str]) -> str:
         self._git.init()
         tree: dict[str, Any] = {}
         with Workspace(self.workspace) as files:
@@ -324,33 +541,14 @@ class SnapshotStore:
                         break
                     node = child
                 else:
-                    node[name] = (mode, self._write_object(b"blob", data))
+                    node[name] = (mode, self._objects.write(b"blob", data))
         return self._write_tree(tree)
 
     def _write_tree(self, node: dict[str, Any]) -> str:
-        entries = []
+        entries: dict[str, tuple[str, str]] = {}
         for name, value in node.items():
-            if isinstance(value, dict):
-                entries.append((name + "/", b"40000 " + name.encode(), self._write_tree(value)))
-            else:
-                mode, oid = value
-                entries.append((name, f"{mode} ".encode() + name.encode(), oid))
-        entries.sort(key=lambda e: e[0].encode())  # git's order: a directory as its name + "/"
-        body = b"".join(head + b"\0" + bytes.fromhex(oid) for _, head, oid in entries)
-        return self._write_object(b"tree", body)
-
-    def _write_object(self, kind: bytes, body: bytes) -> str:
-        """Writes a loose object (zlib of `kind size\0body`) unless it exists; its id."""
-        raw = kind + b" %d\0" % len(body) + body
-        oid = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
-        target = self.repo / "objects" / oid[:2] / oid[2:]
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            scratch = target.with_name(f".{oid[2:]}.{secrets.token_hex(4)}.tmp")
-            scratch.write_bytes(zlib.compress(raw, 1))
-            scratch.chmod(0o444)
-            scratch.replace(target)
-        return oid
+            entries[name] = (MODE_TREE, self._write_tree(value)) if isinstance(value, dict) else value
+        return self._objects.write_tree(entries)
 
     def overlay(self, base: str, source: str, paths: Iterable[str]) -> str:
         """The tree `base` with each of `paths` as it is in `source` (a path absent there is
@@ -359,24 +557,10 @@ class SnapshotStore:
         wanted = sorted(set(paths))
         if not wanted:
             return _oid(base)
-        entries = self._entries(source)
-        lines = []
-        for path in wanted:
-            entry = entries.get(path)
-            if entry is None:
-                lines.append(f"0 {'0' * 40}\t{path}\0")
-            else:
-                lines.append(f"{entry.mode} {entry.oid}\t{path}\0")
-        scratch = self.repo / f"overlay-{secrets.token_hex(6)}.index"
-        git = self._git.with_index(scratch)
-        unsplit = ("-c", "core.splitIndex=false", "-c", "splitIndex.sharedIndexExpire=never")
-        try:
-            git.run(*unsplit, "read-tree", _oid(base))
-            git.run(*unsplit, "update-index", "-z", "--index-info", stdin="".join(lines).encode())
-            return git.run(*unsplit, "write-tree").decode().strip()
-        finally:
-            scratch.unlink(missing_ok=True)
-            scratch.with_name(scratch.name + ".lock").unlink(missing_ok=True)
+        with self._lock, self._objects:
+            entries = self._entries_at(source, wanted)
+            changes = {p: (entries[p].mode, entries[p].oid) if p in entries else None for p in wanted}
+            return self._objects.edit(_oid(base), changes)
 
     def changes_many(self, pairs: Sequence[tuple[str, str]]) -> list[list[Change]]:
         """`changes(a, b)` for every pair, in one git process (a rewind compares every interval
@@ -386,7 +570,7 @@ class SnapshotStore:
         found: dict[tuple[str, str], list[Change]] = {pair: [] for pair in distinct}
         if distinct:
             stdin = "".join(f"{a} {b}\n" for a, b in distinct).encode()
-            out = self._git.run("diff-tree", "--stdin", "-r", "-z", "--no-renames", stdin=stdin)
+            out = self._reader.run("diff-tree", "--stdin", "-r", "-z", "--no-renames", stdin=stdin)
             current: list[Change] | None = None
             at = 0
             while at < len(out):
@@ -434,7 +618,7 @@ class SnapshotStore:
 
     def _typed_changes(self, a: str, b: str) -> list[tuple[Change, bool]]:
         """changes(a, b), each with whether the path changed type (file, symlink)."""
-        out = self._git.run("diff-tree", "-r", "-z", "--no-renames", a, b)
+        out = self._reader.run("diff-tree", "-r", "-z", "--no-renames", a, b)
         fields = out.split(b"\0")
         typed: list[tuple[Change, bool]] = []
         for meta, path in zip(fields[0::2], fields[1::2], strict=False):
@@ -445,7 +629,7 @@ class SnapshotStore:
         return typed
 
     def _patches(self, a: str, b: str, pathspec: list[str], max_bytes: int, expected: int) -> list[_Patch]:
-        proc = self._git.popen(
+        proc = self._reader.popen(
             "diff-tree", "-r", "-p", "--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
             a, b, "--", *pathspec,
         )  # fmt: skip
@@ -475,7 +659,7 @@ class SnapshotStore:
         """Lines inserted and deleted from tree `a` to tree `b` in `paths` (all when None);
         binary files count none."""
         wanted = None if paths is None else set(paths)
-        out = self._git.run("diff-tree", "-r", "-z", "--numstat", "--no-renames", _oid(a), _oid(b))
+        out = self._reader.run("diff-tree", "-r", "-z", "--numstat", "--no-renames", _oid(a), _oid(b))
         insertions = deletions = 0
         for record in out.split(b"\0"):
             added, _, rest = record.partition(b"\t")
@@ -487,8 +671,19 @@ class SnapshotStore:
                 deletions += int(removed)
         return insertions, deletions
 
+    def _entries_at(self, tree: str, paths: Iterable[str]) -> dict[str, Entry]:
+        """What `tree` holds at each of `paths` that is a file or a symlink there, read without
+        git while its trees are loose (the store's own, until a collection packs them)."""
+        root = _oid(tree)
+        found: dict[str, Entry] = {}
+        for path in paths:
+            entry = self._objects.lookup(root, path)
+            if entry is not None and entry[0] != MODE_TREE:
+                found[path] = Entry(*entry)
+        return found
+
     def _entries(self, tree: str) -> dict[str, Entry]:
-        out = self._git.run("ls-tree", "-r", "-z", "--full-tree", _oid(tree))
+        out = self._reader.run("ls-tree", "-r", "-z", "--full-tree", _oid(tree))
         entries: dict[str, Entry] = {}
         for record in out.split(b"\0"):
             if record:
@@ -512,9 +707,9 @@ class SnapshotStore:
         targets = sorted(set(paths))
         for path in targets:
             split(path)  # UnsafePath before anything is touched
-        want = self._entries(tree)
-        before = self._entries(rollback)
-        with Workspace(self.workspace) as workspace, _Blobs(self._git) as blobs:
+        with self._lock, self._objects as blobs, Workspace(self.workspace) as workspace:
+            want = self._entries_at(tree, targets)
+            before = self._entries_at(rollback, targets)
             now = {p: workspace.entry(p) for p in targets}
             differs = [p for p in targets if now[p] not in (before.get(p), want.get(p))]
             if differs:
@@ -554,7 +749,12 @@ class SnapshotStore:
         oids = sorted({_oid(t) for t in trees})
         if not self.repo.is_dir():
             return
+        with self._lock:
+            self._keep_only(oids)
+
+    def _keep_only(self, oids: list[str]) -> None:
         self._git.clear_stale_locks()
+        self._sync_index(None)  # what the index holds is kept: let it hold the newest entries
         if oids:
             listing = b"".join(f"040000 tree {oid}\t{oid}\0".encode() for oid in oids)
             keep = self._git.run("mktree", "-z", stdin=listing).decode().strip()
@@ -581,40 +781,6 @@ class SnapshotStore:
             raise SnapshotError(f"{self.repo} is a symbolic link; not deleting through it")
         if self.repo.exists():
             shutil.rmtree(self.repo)
-
-
-class _Blobs:
-    """Reads blobs through one `git cat-file --batch`, started on first use (no filters apply)."""
-
-    def __init__(self, git: Git) -> None:
-        self._git = git
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> _Blobs:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.communicate()
-            self._proc = None
-
-    def read(self, oid: str) -> bytes:
-        if self._proc is None:
-            self._proc = self._git.popen("cat-file", "--batch")
-        stdin, stdout = self._proc.stdin, self._proc.stdout
-        assert stdin is not None and stdout is not None  # both are pipes
-        stdin.write(oid.encode() + b"\n")
-        stdin.flush()
-        header = stdout.readline().split()
-        if len(header) != 3 or header[1] != b"blob":
-            raise SnapshotError(f"object {oid} is not a blob in the snapshot repository")
-        size = int(header[2])
-        data = stdout.read(size)
-        stdout.read(1)  # the newline after the content
-        if len(data) != size:
-            raise SnapshotError(f"blob {oid} was cut short")
-        return data
 
 
 class _Patch:
@@ -676,7 +842,7 @@ def _under(path: str, spec: set[str]) -> bool:
 
 
 def _apply(
-    workspace: Workspace, blobs: _Blobs, entries: dict[str, Entry], paths: Sequence[str], touched: list[str]
+    workspace: Workspace, blobs: Objects, entries: dict[str, Entry], paths: Sequence[str], touched: list[str]
 ) -> None:
     """Removals first, deepest first (a directory may be in the way of a file), then writes."""
     for path in sorted((p for p in paths if p not in entries), key=lambda p: (-p.count("/"), p)):
@@ -687,11 +853,11 @@ def _apply(
         entry = entries[path]
         if entry.mode not in _RESTORABLE:
             raise SnapshotError(f"{path!r} has mode {entry.mode}, which a restore cannot write")
-        workspace.write(path, entry.mode, [blobs.read(entry.oid)])
+        workspace.write(path, entry.mode, [blobs.read(entry.oid, b"blob")])
 
 
 def _roll_back(
-    workspace: Workspace, blobs: _Blobs, before: dict[str, Entry], touched: list[str]
+    workspace: Workspace, blobs: Objects, before: dict[str, Entry], touched: list[str]
 ) -> list[str]:
     """Puts every touched path back as `before` holds it, going on past failures; returns the
     paths it could not."""
@@ -699,7 +865,7 @@ def _roll_back(
     for path in sorted(touched, key=lambda p: (p in before, -p.count("/") if p not in before else 0, p)):
         try:
             if path in before:
-                workspace.write(path, before[path].mode, [blobs.read(before[path].oid)])
+                workspace.write(path, before[path].mode, [blobs.read(before[path].oid, b"blob")])
             else:
                 workspace.remove(path)
         except Exception:

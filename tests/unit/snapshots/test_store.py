@@ -30,9 +30,12 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def store(tmp_path: Path, workspace: Path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "state" / "snapshots" / "s1.git", workspace)
+@pytest.fixture(params=[False, True], ids=["scan", "watch"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[SnapshotStore]:
+    """Each test runs on a store that scans the workspace and on one that watches it."""
+    found = SnapshotStore(tmp_path / "state" / "snapshots" / "s1.git", workspace, watch=request.param)
+    yield found
+    found.close()
 
 
 def write(path: Path, text: str | bytes, mode: int | None = None) -> Path:
@@ -475,7 +478,9 @@ def test_more_changed_bytes_than_the_total_bound_make_it_incomplete(tmp_path: Pa
     for i in range(3):
         write(workspace / f"f{i}.bin", b"z" * 400)
     snapshot = store.take()
-    assert snapshot == Snapshot(None, False, "total over 1000 bytes: 1200 bytes changed", snapshot.seconds)
+    assert snapshot == Snapshot(
+        None, False, "total over 1000 bytes: 1200 bytes changed", snapshot.seconds, "scan"
+    )
     (workspace / "f2.bin").unlink()
     assert store.take().complete, "the bound counts the bytes of one snapshot"
     write(workspace / "f3.bin", b"z" * 400)
