@@ -7,11 +7,12 @@ IGNORED files that the `.gitignore` names, so a snapshot must skip it. The same 
 same content. Four rows, each measured side by side in one run:
 
 1. `SnapshotStore.take()` after 3 files changed (rewritten, untimed), on the 1,000-file and the
-   20,000-file workspace, interleaved round by round; the first take of each (it hashes every
-   file) is timed once, untimed in the rounds. Checked: every take is complete and holds the
-   3 changes, the first one exactly the generated files. For what limits a take, in the same
-   rounds: the workspace scan alone (the two read-only git commands a take starts in parallel,
-   `diff-files` and `ls-files --others`).
+   20,000-file workspace, interleaved round by round, by a store watching its workspace (as the
+   server runs it, `--snapshot-watch`) and, side by side on the same changes, by one scanning it
+   (`--no-snapshot-watch`, and what a take costs when the watch cannot say what changed); the
+   first take of each size (it hashes every file) is timed once, untimed in the rounds.
+   Checked: every take is complete, both stores record the same tree, and it holds the 3
+   changes; the first one holds exactly the generated files.
 2. A turn that writes 3 files (3 `write` lines, each file WRITE_BYTES bytes, new content every
    turn) through the real server, on a session with workspace snapshots on against one with
    them off, each with a 20,000-file workspace of its own, interleaved. The difference of the
@@ -83,8 +84,6 @@ MAX_REWIND_RATIO = 2.0  # 4. files Rewind from a snapshot / from a CLI checkpoin
 TIMEOUT_S = 300.0
 SNAPSHOT = rewind_pb2.FILES_SOURCE_SNAPSHOT
 CHECKPOINT = rewind_pb2.FILES_SOURCE_CHECKPOINT
-# What `SnapshotStore.take` scans with, in parallel, before it hashes anything.
-SCAN = (("diff-files", "--name-only", "-z"), ("ls-files", "-z", "--others", "--exclude-standard"))
 TOP = {
     ".gitignore": "node_modules/\n*.log\n",
     "README.md": "# generated workspace\n\nA benchmark's workspace: source files under src/.\n",
@@ -192,7 +191,8 @@ def generate(root: Path, files: int, seed: int) -> Workspace:
 class StoreSide:
     size: int
     workspace: Workspace
-    store: SnapshotStore
+    store: SnapshotStore  # as the server runs it: watching the workspace
+    scanning: SnapshotStore  # with --no-snapshot-watch: every take scans the workspace
     tree: str
     first_s: float
     rng: random.Random
@@ -200,9 +200,10 @@ class StoreSide:
 
 
 def _store_side(work: Path, workspace: Workspace) -> StoreSide:
-    """A store on a generated workspace, after its first take (timed: it hashes every file)."""
+    """A store on a generated workspace, after its first take (timed: it hashes every file), and
+    one that scans the same workspace, after its own first take (untimed)."""
     size = len(workspace.files)
-    store = SnapshotStore(work / f"snapshots-{size}.git", workspace.root, Limits())
+    store = SnapshotStore(work / f"snapshots-{size}.git", workspace.root, Limits(), watch=True)
     start = time.perf_counter()
     first = store.take()
     seconds = time.perf_counter() - start
@@ -214,7 +215,10 @@ def _store_side(work: Path, workspace: Workspace) -> StoreSide:
             f"the first snapshot holds {len(held):,} files, not the {size:,} generated "
             f"(node_modules/ among them: {any(p.startswith('node_modules/') for p in held)})"
         )
-    return StoreSide(size, workspace, store, first.tree, seconds, random.Random(size + 1))
+    scanning = SnapshotStore(work / f"scanning-{size}.git", workspace.root, Limits())
+    if scanning.take().tree != first.tree:
+        raise RuntimeError("the scanning store's first snapshot differs from the watching store's")
+    return StoreSide(size, workspace, store, scanning, first.tree, seconds, random.Random(size + 1))
 
 
 def _change(side: StoreSide) -> list[str]:
@@ -228,32 +232,31 @@ def _change(side: StoreSide) -> list[str]:
 
 
 def _take_measure(side: StoreSide, takes: int) -> Measure:
+    """Each change is taken by both stores, in turn order alternating: the same work, side by
+    side. Both must give the same tree, holding exactly the 3 changes."""
+
     async def measure() -> Sample:
-        out = []
-        for _ in range(takes):
+        watched: list[float] = []
+        scanned: list[float] = []
+        for i in range(takes):
             changed = _change(side)  # untimed
-            start = time.perf_counter()
-            snap = side.store.take()
-            out.append(time.perf_counter() - start)
-            if not snap.complete or snap.tree is None:
-                raise RuntimeError(f"a snapshot of {side.size:,} files is incomplete: {snap.reason}")
-            seen = sorted(c.path for c in side.store.changes(side.tree, snap.tree))
+            order = [(side.store, watched), (side.scanning, scanned)]
+            trees = {}
+            for store, out in order if i % 2 == 0 else order[::-1]:
+                start = time.perf_counter()
+                snap = store.take()
+                out.append(time.perf_counter() - start)
+                if not snap.complete or snap.tree is None:
+                    raise RuntimeError(f"a snapshot of {side.size:,} files is incomplete: {snap.reason}")
+                trees[id(store)] = snap.tree
+            tree = trees[id(side.store)]
+            if trees[id(side.scanning)] != tree:
+                raise RuntimeError("the watching and the scanning store recorded different trees")
+            seen = sorted(c.path for c in side.store.changes(side.tree, tree))
             if seen != sorted(changed):
                 raise RuntimeError(f"the snapshot holds changes to {seen}, not to {sorted(changed)}")
-            side.tree = snap.tree
-        return {f"take {side.size}": out}
-
-    return measure
-
-
-def _scan_measure(side: StoreSide) -> Measure:
-    """The scan a take starts with, alone: what bounds a take of few changes from below."""
-    git = side.store._git  # the store's sealed git: the same environment, index and commands
-
-    async def measure() -> Sample:
-        start = time.perf_counter()
-        git.run_parallel(SCAN, None)
-        return {f"scan {side.size}": time.perf_counter() - start}
+            side.tree = tree
+        return {f"take {side.size}": watched, f"scan {side.size}": scanned}
 
     return measure
 
@@ -262,7 +265,6 @@ async def _store_rows(sides: Sequence[StoreSide], plan: Plan) -> Samples:
     measures: dict[str, Measure] = {}
     for side in sides:
         measures[f"take {side.size}"] = _take_measure(side, plan.takes)
-        measures[f"scan {side.size}"] = _scan_measure(side)
     return await interleave(measures, plan.take_rounds, budget_s=plan.budget_s, between=settle)
 
 
@@ -553,7 +555,7 @@ def _report(results: Results, plan: Plan) -> Report:
     for side in sides:
         row(
             "1",
-            f"its scan alone (diff-files, ls-files --others), {side.size:,} files",
+            f"take() without the watch (scans the workspace), {side.size:,} files",
             store,
             f"scan {side.size}",
         )
@@ -624,8 +626,8 @@ def _report(results: Results, plan: Plan) -> Report:
     for side in sides:
         take, scan = store.med(f"take {side.size}"), store.med(f"scan {side.size}")
         report.infos.append(
-            f"1. {side.size:,} files: first take (hashes every file) {fmt_time(side.first_s)}; the scan alone / "
-            f"a take: {fmt_time(scan)} / {fmt_time(take)} = {fmt_ratio(scan / take)}"
+            f"1. {side.size:,} files: first take (hashes every file) {fmt_time(side.first_s)}; a take without "
+            f"the watch / with it: {fmt_time(scan)} / {fmt_time(take)} = {fmt_ratio(scan / take)}"
         )
     report.infos.append(
         f"2. the turn itself (snapshots off) {fmt_time(off)}; snapshots on / off: {fmt_ratio(on / off)}; "
