@@ -339,3 +339,25 @@ def test_a_damaged_index_while_watching_is_rebuilt_and_the_watch_restarts(
         again = store.take()
         assert again.complete and again.tree == scanning.take().tree
         assert again.how == how
+
+
+@pytest.mark.parametrize("limit", ["too many directories", "max_user_watches reached"])
+def test_a_workspace_past_a_watch_limit_is_scanned_and_still_right(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, limit: str
+) -> None:
+    if limit == "too many directories":
+        monkeypatch.setattr(watch_module, "MAX_WATCHES", 2)
+    else:
+
+        def no_space(fd: int, path: bytes) -> int:
+            raise OSError(28, "No space left on device", os.fsdecode(path))  # ENOSPC
+
+        monkeypatch.setattr(watch_module._INOTIFY, "add", no_space)
+    store = SnapshotStore(tmp_path / "s.git", workspace, watch=True)
+    scanning = SnapshotStore(tmp_path / "scan.git", workspace)
+    first = store.take()
+    assert first.complete and first.tree == scanning.take().tree
+    assert store._watch is None  # given up for this store: every take scans
+    write(workspace / "src" / "deep" / "b.py", "changed\n")
+    second = store.take()
+    assert second.how == "scan" and second.tree == scanning.take().tree
