@@ -245,6 +245,8 @@ class Soak:
             index, mode = await self._target(model)
             if step.startswith("rewind.files") and mode == CONVERSATION:
                 step = "rewind.completed"  # a conversation rewind has no files steps
+            if step == "rewind.files_recorded" and mode == FILES:
+                step = "rewind.files_restored"  # a files-only rewind records no "files applied" mark
             self.server.kill(with_cli=True)
             await self.server.wait()
             await self.start(fault=step)
