@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import math
 import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,15 @@ from typing import Any, Literal
 ModelBackend = Literal["auto", "offline", "anthropic"]
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+def advertised(listen: str, replica_id: str) -> str:
+    """The address others reach a server listening on `listen` at: a wildcard host (0.0.0.0,
+    [::], none) becomes the replica id, which is a resolvable name in a StatefulSet."""
+    host, _, port = listen.rpartition(":")
+    if host in ("", "0.0.0.0", "[::]", "::", "*"):
+        host = replica_id
+    return f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,11 @@ class Config:
     # (for probes that cannot speak TLS, like the kubelet's).
     metrics_listen: str = ""
     health_listen: str = ""
+    # This replica in the replica directory: its id (default: the host name, a StatefulSet pod's
+    # name), the host:port other replicas reach it at (default: from --listen), and its lease.
+    replica_id: str = ""
+    advertise_address: str = ""
+    replica_lease: float = 15.0
     model: ModelBackend = "auto"
     # Seconds a running turn gets to finish when the server is told to stop.
     shutdown_grace: float = 10.0
@@ -87,8 +102,11 @@ class Config:
         def absolute(path: Path | None) -> Path | None:
             return path.expanduser().resolve() if path is not None else None
 
+        replica_id = self.replica_id or socket.gethostname()
         return dataclasses.replace(
             self,
+            replica_id=replica_id,
+            advertise_address=self.advertise_address or advertised(self.listen, replica_id),
             state_dir=state,
             workspace_roots=tuple(r.expanduser().resolve() for r in roots),
             extra_env=dict(self.extra_env),
@@ -128,6 +146,14 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more: {text!r}")
+    return value
+
+
+def lease(text: str) -> float:
+    """A lease's length: a duration of at least one second (renewed every third of it)."""
+    value = seconds(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second: {text!r}")
     return value
 
 
@@ -275,6 +301,28 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         convert=Path,
         metavar="DIR",
         default_help="./var",
+    ),
+    Flag(
+        "--replica-id",
+        "replica_id",
+        "this replica's name in the replica directory, unique per deployment",
+        metavar="ID",
+        default_help="the host name (a StatefulSet pod's name)",
+    ),
+    Flag(
+        "--advertise-address",
+        "advertise_address",
+        "the host:port other replicas reach this one at",
+        metavar="HOST:PORT",
+        default_help="--listen, with a wildcard host replaced by the replica id",
+    ),
+    Flag(
+        "--replica-lease",
+        "replica_lease",
+        "seconds this replica's entry in the directory stays current without a heartbeat "
+        "(renewed every third of it)",
+        convert=lease,
+        metavar="S",
     ),
     Flag(
         "--database-url",

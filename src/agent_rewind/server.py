@@ -25,6 +25,7 @@ from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.metrics import MetricsServer
+from agent_rewind.replicas import Membership
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import registration
 from agent_rewind.rpc.auth import Authenticator
@@ -117,6 +118,7 @@ class RunningServer:
     authenticated: bool = False
     side: SidePorts | None = None
     snapshots: Snapshots | None = None
+    membership: Membership | None = None
     _stopped: bool = False
     _chores: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -142,6 +144,8 @@ class RunningServer:
         await asyncio.gather(*self._chores, return_exceptions=True)
         if self.model is not None:
             self.model.stop()
+        if self.membership is not None:
+            await self.membership.leave()
         await self.ledger.close()
         if self.snapshots is not None:
             self.snapshots.close()
@@ -352,9 +356,11 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         live=live,
         snapshots=snapshots,
         snapshot_retention=config.snapshot_retention,
+        replica_id=config.replica_id,
     )
     registry = SessionRegistry(config, ledger, ctx, publish=hub.publish)
     await registry.load()
+    membership = Membership(ledger, config.replica_id, config.advertise_address, config.replica_lease)
 
     server = grpc.aio.server(
         options=[
@@ -367,7 +373,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     registration.add(
         server,
         REWIND_SERVICE,
-        RewindServicer(registry, engine, tokens, authenticator, backend, hub, live.capacity),
+        RewindServicer(registry, engine, tokens, authenticator, backend, hub, live.capacity, membership),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -389,6 +395,9 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         await side.start(config, health_servicer, registry, hub, live)
         await engine.recover(registry.workers)
         await server.start()
+        if membership.address.endswith(":0"):  # an ephemeral port: the one bound
+            membership.address = f"{membership.address.rpartition(':')[0]}:{port}"
+        await membership.join()
     except BaseException:
         await side.stop()
         raise
@@ -399,6 +408,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     )
     running.side = side
     running.snapshots = snapshots
+    running.membership = membership
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rewind.api.v1 import rewind_pb2
+from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
 from agent_rewind.server import StartError
 from tests.integration.harness import BOTH, FILES, prompt_id, read, serve
 from tests.pgserver_fixture import PostgresServer
@@ -46,3 +46,45 @@ async def test_the_service_runs_on_postgresql_and_keeps_everything_across_a_rest
         assert read(cwd / "a.txt") == "v0\n"
         again = await c.rewind(sid, ids[0], FILES)
         assert again.files.can_rewind and read(cwd / "a.txt") is None
+
+
+async def test_a_replica_registers_with_a_lease_owns_what_it_creates_and_retires_at_shutdown(
+    tmp_path: Path, database: str
+) -> None:
+    from agent_rewind.api.v1 import rewind_service_pb2
+    from agent_rewind.store.postgres import PostgresLedger
+
+    async def directory() -> list[tuple[str, str, int, bool]]:
+        ledger = await PostgresLedger.open(database)
+        try:
+            found = await ledger.replicas()  # (the other test's server retired its own entry)
+            return [(r.replica_id, r.address, r.epoch, r.alive) for r in found if r.replica_id == "pod-0"]
+        finally:
+            await ledger.close()
+
+    async with serve(
+        tmp_path, database_url=database, replica_id="pod-0", advertise_address="pod-0.agents:50051"
+    ) as c:
+        assert await directory() == [("pod-0", "pod-0.agents:50051", 1, True)]
+        caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
+        assert caps.replicas == 1
+        session = await c.create()
+        assert session.replica == "pod-0"
+        assert c.running is not None and c.running.membership is not None
+        # Another process registers as pod-0 (a replica restarted while this one still runs):
+        # this one's next renewal is refused, and it knows it is fenced off.
+        ledger = await PostgresLedger.open(database)
+        try:
+            await ledger.register_replica("pod-0", "elsewhere:50051", 30)
+        finally:
+            await ledger.close()
+        assert not await c.running.membership.renew()
+        assert c.running.membership.fenced
+    # A fenced replica leaves the newer incarnation's lease alone.
+    assert await directory() == [("pod-0", "elsewhere:50051", 2, True)]
+    async with serve(tmp_path, database_url=database, replica_id="pod-0", advertise_address="pod-0:1") as c:
+        assert (
+            await c.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=session.session_id))
+        ).replica == "pod-0"
+        assert await directory() == [("pod-0", "pod-0:1", 3, True)]
+    assert await directory() == [("pod-0", "pod-0:1", 3, False)]  # retired at a clean shutdown

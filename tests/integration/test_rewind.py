@@ -329,8 +329,9 @@ async def test_a_crash_between_the_halves_is_finished_on_restart(
 async def test_capabilities_describe_this_deployment(tmp_path: Path) -> None:
     from agent_rewind.api.v1 import rewind_service_pb2
 
-    async with serve(tmp_path) as c:
+    async with serve(tmp_path, replica_id="solo") as c:
         caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
+        assert caps.replicas == 1 and (await c.create()).replica == "solo"
         assert list(caps.modes) == [FILES, CONVERSATION, BOTH]
         assert caps.file_checkpoint_window == 100
         assert caps.dry_run and caps.events

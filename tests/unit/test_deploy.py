@@ -697,6 +697,12 @@ def test_the_replicas_overlay_says_it_waits_for_replicas_while_the_server_refuse
     env = Rendering("replicas", json.loads(_rendered("replicas"))).env
     assert "secretKeyRef" in env["AGENT_REWIND_DATABASE_URL"]["valueFrom"]
     assert "AGENT_REWIND_DATABASE_URL" not in Rendering("base", json.loads(_rendered("base"))).env
+    # Each replica advertises the name the headless Service gives its pod, on the gRPC port.
+    services = Rendering("replicas", json.loads(_rendered("replicas"))).of_kind("Service")
+    (headless,) = [d for d in services if d["spec"].get("clusterIP") == "None"]
+    advertised = env["AGENT_REWIND_ADVERTISE_ADDRESS"]["value"]
+    assert advertised == f"$(POD_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE).svc:50051"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_the_readme_describes_every_file_of_deploy() -> None:

@@ -91,6 +91,7 @@ def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Sessio
         principal=record.principal,
         options=_struct(shown_options(record.options)),
         workspace_snapshots=record.workspace_snapshots,
+        replica=worker.replica,
     )
 
 

@@ -14,6 +14,7 @@ from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
 from agent_rewind.errors import InvalidArgument, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
+from agent_rewind.replicas import Membership
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.rpc import convert, requests
@@ -75,8 +76,10 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         backend: str,
         hub: EventHub,
         max_live_sessions: int = 0,
+        membership: Membership | None = None,
     ) -> None:
         self._registry = registry
+        self._membership = membership
         self._engine = engine
         self._hub = hub
         self._max_live_sessions = max_live_sessions
@@ -97,7 +100,8 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             service_version=__version__,
             sdk_version=adapter.sdk_version(),
             cli_version=adapter.cli_version(),
-            replicas=1,
+            # Replicas whose lease was current at this replica's last heartbeat.
+            replicas=self._membership.alive if self._membership is not None else 1,
             model_backend=self._backend,
             authentication=self.auth.enabled,
             max_live_sessions=self._max_live_sessions,

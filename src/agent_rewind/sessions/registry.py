@@ -250,6 +250,7 @@ class SessionRegistry:
                 checkpointing=req.checkpointing,
                 principal=req.principal,
                 workspace_snapshots=req.workspace_snapshots,
+                replica=self._ctx.replica_id,
             )
             try:
                 record = await self._ledger.add_session(new, request)

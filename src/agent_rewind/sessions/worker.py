@@ -100,6 +100,8 @@ class WorkerContext:
     # Workspace snapshots (None: off on this server), and how many points keep theirs (0: all).
     snapshots: Snapshots | None = None
     snapshot_retention: int = 0
+    # This replica's id (--replica-id): the owner of the sessions it creates.
+    replica_id: str = ""
 
 
 class SessionWorker:
@@ -133,6 +135,12 @@ class SessionWorker:
         self.deleted = False
 
     # State
+
+    @property
+    def replica(self) -> str:
+        """The replica that owns the session; one created before replicas were recorded is
+        owned by the only replica its deployment had: this one."""
+        return self.record.replica or self._ctx.replica_id
 
     @property
     def state(self) -> str:

@@ -37,6 +37,9 @@ class SessionRecord:
     started: bool
     principal: str = ""
     workspace_snapshots: bool = False
+    # The replica that owns it (holds its workspace and live process); "" for a session created
+    # before replicas were recorded, which the only replica of its deployment owns.
+    replica: str = ""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,20 @@ class NewSession:
     checkpointing: bool
     principal: str = ""
     workspace_snapshots: bool = False
+    replica: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """A replica of the service in the directory: where the others reach it, and its lease."""
+
+    replica_id: str
+    address: str
+    # Every registration bumps it: the fencing token of that incarnation of the replica.
+    epoch: int
+    lease_expires: datetime
+    # Whether its lease had not expired when this was read (by the database's clock).
+    alive: bool
 
 
 @dataclass(frozen=True)
@@ -282,6 +299,26 @@ class Ledger(Protocol):
     async def pending_rewinds(self, session_id: str | None = None) -> list[RewindRecord]: ...
 
     async def rewinds(self, session_id: str | None = None) -> list[RewindRecord]: ...
+
+    # The replica directory
+
+    async def register_replica(self, replica_id: str, address: str, lease_s: float) -> ReplicaRecord:
+        """Enters (or re-enters) a replica with a lease of `lease_s` seconds and a new epoch: an
+        older incarnation of the same replica can no longer renew."""
+        ...
+
+    async def renew_replica(self, replica_id: str, epoch: int, lease_s: float) -> ReplicaRecord | None:
+        """Extends the lease of the incarnation `epoch`; None when another incarnation has
+        registered since (this one is fenced off)."""
+        ...
+
+    async def retire_replica(self, replica_id: str, epoch: int) -> None:
+        """Ends the lease of the incarnation `epoch` now (a clean shutdown)."""
+        ...
+
+    async def replicas(self) -> list[ReplicaRecord]:
+        """Every replica ever registered, by id, each saying whether its lease is current."""
+        ...
 
     # Workspace snapshots
 

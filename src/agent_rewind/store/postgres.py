@@ -67,6 +67,7 @@ from agent_rewind.store.ledger import (
     NewRewind,
     NewSession,
     NewSnapshot,
+    ReplicaRecord,
     RequestIdTaken,
     RequestRecord,
     RewindRecord,
@@ -183,6 +184,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX snapshots_session ON snapshots (session_id, seq)",
         "CREATE TABLE secrets (name text PRIMARY KEY, value bytea NOT NULL)",
+    ),
+    # 2: the replica directory (leases by the database's clock), and which replica owns each session.
+    (
+        """
+        CREATE TABLE replicas (
+            replica_id text COLLATE "C" PRIMARY KEY,
+            address text NOT NULL,
+            epoch bigint NOT NULL,
+            lease_expires timestamptz NOT NULL
+        )
+        """,
+        "ALTER TABLE sessions ADD COLUMN replica text NOT NULL DEFAULT ''",
     ),
 )
 
@@ -402,7 +415,8 @@ class PostgresLedger:
                 await _insert_request(db, request, stamp)
             cursor = await db.execute(
                 "INSERT INTO sessions (session_id, cwd, options, checkpointing, create_time, update_time,"
-                " principal, workspace_snapshots) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING *",
+                " principal, workspace_snapshots, replica) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " RETURNING *",
                 (
                     new.session_id,
                     new.cwd,
@@ -412,6 +426,7 @@ class PostgresLedger:
                     stamp,
                     new.principal,
                     new.workspace_snapshots,
+                    new.replica,
                 ),
             )
             row = await cursor.fetchone()
@@ -419,6 +434,50 @@ class PostgresLedger:
             return _session(row)
 
         return await self._write(insert)
+
+    # The replica directory: leases by the database's clock, so replicas' clocks need not agree.
+
+    _REPLICA = "replica_id, address, epoch, lease_expires, lease_expires > now() AS alive"
+
+    async def register_replica(self, replica_id: str, address: str, lease_s: float) -> ReplicaRecord:
+        async def upsert(db: Connection) -> ReplicaRecord:
+            cursor = await db.execute(
+                "INSERT INTO replicas (replica_id, address, epoch, lease_expires)"
+                " VALUES (%s, %s, 1, now() + make_interval(secs => %s))"
+                " ON CONFLICT (replica_id) DO UPDATE SET address = excluded.address,"
+                f" epoch = replicas.epoch + 1, lease_expires = excluded.lease_expires RETURNING {self._REPLICA}",
+                (replica_id, address, lease_s),
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            return _replica(row)
+
+        return await self._write(upsert)
+
+    async def renew_replica(self, replica_id: str, epoch: int, lease_s: float) -> ReplicaRecord | None:
+        async def renew(db: Connection) -> ReplicaRecord | None:
+            cursor = await db.execute(
+                "UPDATE replicas SET lease_expires = now() + make_interval(secs => %s)"
+                f" WHERE replica_id = %s AND epoch = %s RETURNING {self._REPLICA}",
+                (lease_s, replica_id, epoch),
+            )
+            row = await cursor.fetchone()
+            return _replica(row) if row is not None else None
+
+        return await self._write(renew)
+
+    async def retire_replica(self, replica_id: str, epoch: int) -> None:
+        async def retire(db: Connection) -> None:
+            await db.execute(
+                "UPDATE replicas SET lease_expires = now() WHERE replica_id = %s AND epoch = %s",
+                (replica_id, epoch),
+            )
+
+        await self._write(retire)
+
+    async def replicas(self) -> list[ReplicaRecord]:
+        rows = await self._rows(f"SELECT {self._REPLICA} FROM replicas ORDER BY replica_id")
+        return [_replica(r) for r in rows]
 
     async def remove_session(self, session_id: str) -> None:
         async def delete(db: Connection) -> None:
@@ -829,6 +888,17 @@ def _session(row: DictRow) -> SessionRecord:
         started=row["started"],
         principal=row["principal"],
         workspace_snapshots=row["workspace_snapshots"],
+        replica=row["replica"],
+    )
+
+
+def _replica(row: DictRow) -> ReplicaRecord:
+    return ReplicaRecord(
+        replica_id=row["replica_id"],
+        address=row["address"],
+        epoch=row["epoch"],
+        lease_expires=_time(row["lease_expires"]),
+        alive=row["alive"],
     )
 
 

@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from agent_rewind.store.ledger import (
     NewRewind,
     NewSession,
     NewSnapshot,
+    ReplicaRecord,
     RequestIdTaken,
     RequestRecord,
     RewindRecord,
@@ -148,6 +149,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN deleted_time TEXT;
     ALTER TABLE sessions ADD COLUMN erasure_json TEXT;
+    """,
+    # 5: the replica directory, and which replica owns each session.
+    """
+    CREATE TABLE replicas (
+        replica_id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        lease_expires TEXT NOT NULL
+    );
+    ALTER TABLE sessions ADD COLUMN replica TEXT NOT NULL DEFAULT '';
     """,
 )
 
@@ -280,6 +291,7 @@ class SqliteLedger:
             started=bool(row["started"]),
             principal=row["principal"],
             workspace_snapshots=bool(row["workspace_snapshots"]),
+            replica=row["replica"],
         )
 
     async def add_session(self, new: NewSession, request: NewRequest | None = None) -> SessionRecord:
@@ -290,7 +302,7 @@ class SqliteLedger:
                 _insert_request(db, request, stamp)
             db.execute(
                 "INSERT INTO sessions (session_id, cwd, options_json, checkpointing, create_time, update_time,"
-                " principal, workspace_snapshots, request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " principal, workspace_snapshots, request_id, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     new.session_id,
                     new.cwd,
@@ -301,6 +313,7 @@ class SqliteLedger:
                     new.principal,
                     int(new.workspace_snapshots),
                     request.request_id if request else None,
+                    new.replica,
                 ),
             )
 
@@ -308,6 +321,51 @@ class SqliteLedger:
         record = await self.session(new.session_id)
         assert record is not None
         return record
+
+    # The replica directory (one replica per SQLite file; kept for the same answers as elsewhere)
+
+    @staticmethod
+    def _replica(row: sqlite3.Row, at: datetime) -> ReplicaRecord:
+        expires = _time(row["lease_expires"])
+        return ReplicaRecord(row["replica_id"], row["address"], row["epoch"], expires, expires > at)
+
+    async def register_replica(self, replica_id: str, address: str, lease_s: float) -> ReplicaRecord:
+        def upsert(db: sqlite3.Connection) -> ReplicaRecord:
+            at = now()
+            db.execute(
+                "INSERT INTO replicas (replica_id, address, epoch, lease_expires) VALUES (?, ?, 1, ?)"
+                " ON CONFLICT (replica_id) DO UPDATE SET address = excluded.address,"
+                " epoch = replicas.epoch + 1, lease_expires = excluded.lease_expires",
+                (replica_id, address, (at + timedelta(seconds=lease_s)).isoformat()),
+            )
+            row = db.execute("SELECT * FROM replicas WHERE replica_id = ?", (replica_id,)).fetchone()
+            return self._replica(row, at)
+
+        return await self._write(upsert)
+
+    async def renew_replica(self, replica_id: str, epoch: int, lease_s: float) -> ReplicaRecord | None:
+        def renew(db: sqlite3.Connection) -> ReplicaRecord | None:
+            at = now()
+            row = db.execute(
+                "UPDATE replicas SET lease_expires = ? WHERE replica_id = ? AND epoch = ? RETURNING *",
+                ((at + timedelta(seconds=lease_s)).isoformat(), replica_id, epoch),
+            ).fetchone()
+            return self._replica(row, at) if row is not None else None
+
+        return await self._write(renew)
+
+    async def retire_replica(self, replica_id: str, epoch: int) -> None:
+        def retire(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE replicas SET lease_expires = ? WHERE replica_id = ? AND epoch = ?",
+                (now().isoformat(), replica_id, epoch),
+            )
+
+        await self._write(retire)
+
+    async def replicas(self) -> list[ReplicaRecord]:
+        at = now()
+        return [self._replica(r, at) for r in self._rows("SELECT * FROM replicas ORDER BY replica_id")]
 
     async def remove_session(self, session_id: str) -> None:
         def delete(db: sqlite3.Connection) -> None:

@@ -464,3 +464,42 @@ async def test_an_erasure_is_unfinished_until_it_is_said_finished(ledger: Ledger
     tombstone = await ledger.tombstone(SID)
     assert tombstone is not None and tombstone.erasure is None
     await ledger.finish_erasure("no-such-session")
+
+
+# The replica directory
+
+
+async def test_a_replica_registers_renews_and_a_new_incarnation_fences_the_old(ledger: Ledger) -> None:
+    first = await ledger.register_replica("pod-0", "pod-0.svc:50051", 30)
+    assert (first.replica_id, first.address, first.epoch, first.alive) == (
+        "pod-0",
+        "pod-0.svc:50051",
+        1,
+        True,
+    )
+    renewed = await ledger.renew_replica("pod-0", 1, 60)
+    assert renewed is not None and renewed.lease_expires > first.lease_expires and renewed.epoch == 1
+    again = await ledger.register_replica("pod-0", "10.0.0.7:50051", 30)  # restarted elsewhere
+    assert (again.epoch, again.address) == (2, "10.0.0.7:50051")
+    assert await ledger.renew_replica("pod-0", 1, 30) is None  # the old incarnation is fenced off
+    assert await ledger.renew_replica("pod-0", 2, 30) is not None
+    await ledger.retire_replica("pod-0", 1)  # the old one's retirement changes nothing
+    assert [r.alive for r in await ledger.replicas()] == [True]
+    await ledger.retire_replica("pod-0", 2)
+    assert [(r.replica_id, r.epoch, r.alive) for r in await ledger.replicas()] == [("pod-0", 2, False)]
+
+
+async def test_a_lease_not_renewed_expires(ledger: Ledger) -> None:
+    await ledger.register_replica("pod-1", "pod-1:50051", 30)
+    await ledger.register_replica("pod-2", "pod-2:50051", 0.05)
+    await asyncio.sleep(0.2)
+    assert [(r.replica_id, r.alive) for r in await ledger.replicas()] == [("pod-1", True), ("pod-2", False)]
+
+
+async def test_a_session_names_the_replica_that_owns_it(ledger: Ledger) -> None:
+    created = await ledger.add_session(_session(replica="pod-0"))
+    await ledger.add_session(_session(OTHER))
+    assert created.replica == "pod-0"
+    assert [(s.session_id, s.replica) for s in await ledger.sessions()] == sorted(
+        [(SID, "pod-0"), (OTHER, "")]
+    )

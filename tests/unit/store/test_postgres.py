@@ -24,6 +24,7 @@ OTHER = "1c8e4d2f-6b9e-4e7f-8a21-3b4c5d6e7f80"
 TABLES = {
     "agent_rewind_schema",
     "sessions",
+    "replicas",
     "anchors",
     "rewinds",
     "requests",
