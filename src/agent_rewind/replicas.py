@@ -4,7 +4,8 @@ retired at a clean shutdown.
 Every registration gives the replica a new epoch in the ledger (`register_replica`): the epoch is
 the fencing token of this incarnation. Should another process register under the same id (a
 replica restarted while this one still runs, or a takeover), this one's renewals are refused from
-then on: it is fenced off, and says so in its log and on its health. The lease is the database's
+then on, and so is every ledger write it makes (`Ledger.fence`): it is fenced off, and says so
+in its log and on its health. The lease is the database's
 (PostgreSQL's clock), so the replicas' clocks need not agree. A ledger that cannot be reached
 leaves the lease to run out: the heartbeat tries again at its next beat.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -24,7 +26,15 @@ log = structlog.get_logger(__name__)
 class Membership:
     """This replica in the directory (see the module docstring)."""
 
-    def __init__(self, ledger: Ledger, replica_id: str, address: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        replica_id: str,
+        address: str,
+        lease_s: float,
+        on_fenced: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`on_fenced`: called once when a renewal finds this incarnation fenced off."""
         self.replica_id = replica_id
         self.address = address
         self.lease_s = lease_s
@@ -32,15 +42,18 @@ class Membership:
         # Another incarnation registered under this id since: nothing this one does may count.
         self.fenced = False
         self._ledger = ledger
+        self.on_fenced = on_fenced
         self._heartbeat: asyncio.Task[None] | None = None
         # Replicas whose lease was current at the last beat (GetCapabilities.replicas).
         self.alive = 1
 
     async def join(self) -> ReplicaRecord:
-        """Registers this replica (a new epoch) and starts its heartbeat."""
+        """Registers this replica (a new epoch), fences the ledger's writes with that epoch, and
+        starts the heartbeat."""
         record = await self._ledger.register_replica(self.replica_id, self.address, self.lease_s)
         self.epoch = record.epoch
         self.fenced = False
+        self._ledger.fence(self.replica_id, self.epoch)
         log.info("replica registered", replica_id=self.replica_id, address=self.address, epoch=self.epoch)
         await self._count()
         self._heartbeat = asyncio.create_task(self._beat(), name="replica-heartbeat")
@@ -57,10 +70,13 @@ class Membership:
         if renewed is None:
             self.fenced = True
             log.error(
-                "this replica was registered again elsewhere (a newer epoch); it is fenced off",
+                "this replica was registered again elsewhere (a newer epoch); it is fenced off: "
+                "its writes are refused, its health is NOT_SERVING",
                 replica_id=self.replica_id,
                 epoch=self.epoch,
             )
+            if self.on_fenced is not None:
+                await self.on_fenced()
             return False
         return True
 

@@ -389,16 +389,24 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         raise OSError(f"cannot listen on {config.listen}")
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def fenced() -> None:  # another process registered as this replica: stop taking calls
+        for name in (*SERVICE_NAMES, ""):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    membership.on_fenced = fenced
+    if membership.address.endswith(":0"):  # an ephemeral port: the one bound
+        membership.address = f"{membership.address.rpartition(':')[0]}:{port}"
     side = SidePorts()
     try:
         # Probes see NOT_SERVING while interrupted rewinds are finished, before any call is admitted.
         await side.start(config, health_servicer, registry, hub, live)
+        # In the directory before recovery writes anything: from here every write is fenced.
+        await membership.join()
         await engine.recover(registry.workers)
         await server.start()
-        if membership.address.endswith(":0"):  # an ephemeral port: the one bound
-            membership.address = f"{membership.address.rpartition(':')[0]}:{port}"
-        await membership.join()
     except BaseException:
+        await membership.leave()
         await side.stop()
         raise
     for name in (*SERVICE_NAMES, ""):

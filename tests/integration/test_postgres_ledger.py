@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
 from agent_rewind.server import StartError
-from tests.integration.harness import BOTH, FILES, prompt_id, read, serve
+from tests.integration.harness import BOTH, FILES, error_info, prompt_id, read, serve
 from tests.pgserver_fixture import PostgresServer
 
 
@@ -80,6 +82,16 @@ async def test_a_replica_registers_with_a_lease_owns_what_it_creates_and_retires
             await ledger.close()
         assert not await c.running.membership.renew()
         assert c.running.membership.fenced
+        # Fenced off: it stops taking calls, and whatever would write is refused, writing nothing.
+        health = await health_pb2_grpc.HealthStub(c.channel).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await c.create()
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        info = error_info(refused.value)
+        assert (info.reason, dict(info.metadata)) == ("REPLICA_UNAVAILABLE", {"replica": "pod-0"})
+        listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
+        assert session.session_id in [s.session_id for s in listed.sessions]  # reads still answer
     # A fenced replica leaves the newer incarnation's lease alone.
     assert await directory() == [("pod-0", "elsewhere:50051", 2, True)]
     async with serve(tmp_path, database_url=database, replica_id="pod-0", advertise_address="pod-0:1") as c:

@@ -53,6 +53,10 @@ class NewSession:
     replica: str = ""
 
 
+# Why a fenced replica's write is refused (ReplicaUnavailable's detail).
+FENCED = "this replica was registered again elsewhere (a newer epoch); its writes are refused"
+
+
 @dataclass(frozen=True)
 class ReplicaRecord:
     """A replica of the service in the directory: where the others reach it, and its lease."""
@@ -318,6 +322,12 @@ class Ledger(Protocol):
 
     async def replicas(self) -> list[ReplicaRecord]:
         """Every replica ever registered, by id, each saying whether its lease is current."""
+        ...
+
+    def fence(self, replica_id: str, epoch: int) -> None:
+        """From now on every write commits only while `epoch` is the directory's epoch of
+        `replica_id`: once another incarnation has registered under that id, each write raises
+        ReplicaUnavailable and changes nothing (the directory's own writes excepted)."""
         ...
 
     # Workspace snapshots

@@ -58,8 +58,9 @@ from psycopg.types.json import Json, Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from agent_rewind import metrics
-from agent_rewind.errors import StorageUnavailable
+from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
 from agent_rewind.store.ledger import (
+    FENCED,
     Anchor,
     EventRecord,
     NewEvent,
@@ -219,6 +220,7 @@ class PostgresLedger:
         self._vacuum_full = vacuum_full
         # The connection holding the sole-use lock (`open(sole_use=True)`), for as long as it is open.
         self._sole: AsyncConnection[Any] | None = None
+        self._fence: tuple[str, int] | None = None  # (replica id, epoch) every write must hold
 
     @classmethod
     async def open(
@@ -359,11 +361,21 @@ class PostgresLedger:
             return conn
         return await self._pool.getconn()
 
-    async def _write(self, work: Callable[[Connection], Awaitable[T]]) -> T:
-        """Runs `work` in one transaction; durable when this returns."""
+    async def _write(self, work: Callable[[Connection], Awaitable[T]], *, fenced: bool = True) -> T:
+        """Runs `work` in one transaction; durable when this returns. `fenced`: only while this
+        replica's epoch is current (`fence`): the directory's row is read FOR SHARE, so a new
+        registration waits for this transaction, and none of it commits after one."""
         started = time.perf_counter()
         try:
             async with self._connection() as conn, conn.transaction():
+                if fenced and self._fence is not None:
+                    replica_id, epoch = self._fence
+                    cursor = await conn.execute(
+                        "SELECT epoch FROM replicas WHERE replica_id = %s FOR SHARE", (replica_id,)
+                    )
+                    row = await cursor.fetchone()
+                    if row is None or row["epoch"] != epoch:
+                        raise ReplicaUnavailable(replica_id, FENCED)
                 return await work(conn)
         except BaseException:
             metrics.LEDGER_WRITE_FAILURES.inc()
@@ -452,7 +464,7 @@ class PostgresLedger:
             assert row is not None
             return _replica(row)
 
-        return await self._write(upsert)
+        return await self._write(upsert, fenced=False)
 
     async def renew_replica(self, replica_id: str, epoch: int, lease_s: float) -> ReplicaRecord | None:
         async def renew(db: Connection) -> ReplicaRecord | None:
@@ -464,7 +476,7 @@ class PostgresLedger:
             row = await cursor.fetchone()
             return _replica(row) if row is not None else None
 
-        return await self._write(renew)
+        return await self._write(renew, fenced=False)
 
     async def retire_replica(self, replica_id: str, epoch: int) -> None:
         async def retire(db: Connection) -> None:
@@ -473,11 +485,14 @@ class PostgresLedger:
                 (replica_id, epoch),
             )
 
-        await self._write(retire)
+        await self._write(retire, fenced=False)
 
     async def replicas(self) -> list[ReplicaRecord]:
         rows = await self._rows(f"SELECT {self._REPLICA} FROM replicas ORDER BY replica_id")
         return [_replica(r) for r in rows]
+
+    def fence(self, replica_id: str, epoch: int) -> None:
+        self._fence = (replica_id, epoch)
 
     async def remove_session(self, session_id: str) -> None:
         async def delete(db: Connection) -> None:

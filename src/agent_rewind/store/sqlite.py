@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_rewind import metrics
-from agent_rewind.errors import StorageUnavailable
+from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
 from agent_rewind.store.ledger import (
+    FENCED,
     Anchor,
     EventRecord,
     NewEvent,
@@ -163,6 +164,14 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
+def _check_fence(db: sqlite3.Connection, replica_id: str, epoch: int) -> None:
+    """Inside a write's transaction (which holds SQLite's write lock: no registration can commit
+    before it ends): ReplicaUnavailable unless `epoch` is still the replica's epoch."""
+    row = db.execute("SELECT epoch FROM replicas WHERE replica_id = ?", (replica_id,)).fetchone()
+    if row is None or row["epoch"] != epoch:
+        raise ReplicaUnavailable(replica_id, FENCED)
+
+
 def _time(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
@@ -177,6 +186,7 @@ class SqliteLedger:
         self._writer = self._connect()
         self._reader = self._connect()
         self._write_lock = threading.Lock()
+        self._fence: tuple[str, int] | None = None  # (replica id, epoch) every write must hold
         try:
             self._migrate()
         except BaseException:
@@ -228,8 +238,9 @@ class SqliteLedger:
 
     # Plumbing
 
-    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Runs `work` in one IMMEDIATE transaction, off the event loop."""
+    async def _write(self, work: Callable[[sqlite3.Connection], T], *, fenced: bool = True) -> T:
+        """Runs `work` in one IMMEDIATE transaction, off the event loop; `fenced`: only while
+        this replica's epoch is current (`fence`)."""
 
         def run() -> T:
             with self._write_lock:
@@ -238,6 +249,8 @@ class SqliteLedger:
                 except sqlite3.OperationalError as err:  # locked by another writer
                     raise StorageUnavailable(str(err)) from err
                 try:
+                    if fenced and self._fence is not None:
+                        _check_fence(self._writer, *self._fence)
                     result = work(self._writer)
                     self._writer.execute("COMMIT")
                 except BaseException as err:
@@ -341,7 +354,7 @@ class SqliteLedger:
             row = db.execute("SELECT * FROM replicas WHERE replica_id = ?", (replica_id,)).fetchone()
             return self._replica(row, at)
 
-        return await self._write(upsert)
+        return await self._write(upsert, fenced=False)
 
     async def renew_replica(self, replica_id: str, epoch: int, lease_s: float) -> ReplicaRecord | None:
         def renew(db: sqlite3.Connection) -> ReplicaRecord | None:
@@ -352,7 +365,7 @@ class SqliteLedger:
             ).fetchone()
             return self._replica(row, at) if row is not None else None
 
-        return await self._write(renew)
+        return await self._write(renew, fenced=False)
 
     async def retire_replica(self, replica_id: str, epoch: int) -> None:
         def retire(db: sqlite3.Connection) -> None:
@@ -361,11 +374,14 @@ class SqliteLedger:
                 (now().isoformat(), replica_id, epoch),
             )
 
-        await self._write(retire)
+        await self._write(retire, fenced=False)
 
     async def replicas(self) -> list[ReplicaRecord]:
         at = now()
         return [self._replica(r, at) for r in self._rows("SELECT * FROM replicas ORDER BY replica_id")]
+
+    def fence(self, replica_id: str, epoch: int) -> None:
+        self._fence = (replica_id, epoch)
 
     async def remove_session(self, session_id: str) -> None:
         def delete(db: sqlite3.Connection) -> None:

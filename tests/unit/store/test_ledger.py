@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent_rewind.errors import ReplicaUnavailable
 from agent_rewind.store.ledger import (
     Anchor,
     Ledger,
@@ -503,3 +504,20 @@ async def test_a_session_names_the_replica_that_owns_it(ledger: Ledger) -> None:
     assert [(s.session_id, s.replica) for s in await ledger.sessions()] == sorted(
         [(SID, "pod-0"), (OTHER, "")]
     )
+
+
+async def test_a_fenced_ledger_refuses_every_write_once_another_incarnation_registered(
+    ledger: Ledger,
+) -> None:
+    first = await ledger.register_replica("pod-0", "pod-0:50051", 30)
+    ledger.fence("pod-0", first.epoch)
+    await ledger.add_session(_session())  # the current incarnation writes
+    await ledger.register_replica("pod-0", "elsewhere:50051", 30)  # a newer one, elsewhere
+    with pytest.raises(ReplicaUnavailable) as refused:
+        await ledger.add_session(_session(OTHER))
+    assert refused.value.metadata == {"replica": "pod-0"}
+    with pytest.raises(ReplicaUnavailable):
+        await ledger.touch_session(SID, closed=True)
+    assert [(s.session_id, s.closed) for s in await ledger.sessions()] == [(SID, False)]  # nothing changed
+    await ledger.retire_replica("pod-0", first.epoch)  # the directory's own writes still run
+    assert [r.epoch for r in await ledger.replicas()] == [2]
