@@ -138,7 +138,12 @@ class EventHub:
 
     async def _watch_ledger(self) -> None:
         while not self._closed:
-            await asyncio.sleep(_POLL)
+            # Woken at once by another replica's append (PostgreSQL's NOTIFY), else every _POLL.
+            try:
+                await self._ledger.wait_for_events(_POLL)
+            except Exception as err:
+                log.warning("could not wait for the event log", error=str(err))
+                await asyncio.sleep(_POLL)
             try:
                 await self._catch_up()
             except Exception as err:  # a failing read now is retried at the next round

@@ -324,6 +324,12 @@ class Ledger(Protocol):
         """Every replica ever registered, by id, each saying whether its lease is current."""
         ...
 
+    async def wait_for_events(self, seconds: float) -> None:
+        """Returns once another process may have appended events (PostgreSQL: a NOTIFY sent in
+        the appending transaction, on commit), or after `seconds`: the caller then reads
+        the log. SQLite, which one process writes, just waits."""
+        ...
+
     def fence(self, replica_id: str, epoch: int) -> None:
         """From now on every write commits only while `epoch` is the directory's epoch of
         `replica_id`: once another incarnation has registered under that id, each write raises

@@ -42,6 +42,7 @@ that nothing of a deleted session survives on disk.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -208,6 +209,9 @@ _UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 _ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "events")
 
 
+# The channel every event append NOTIFYs on commit, which the event hub of every replica LISTENs to.
+EVENTS_CHANNEL = "agent_rewind_events"
+
 # The advisory lock a server holds while it is a database's sole user ("agent-rewind", as int64).
 SOLE_USE_LOCK = 0x6167656E745F7277
 
@@ -220,6 +224,9 @@ class PostgresLedger:
         self._vacuum_full = vacuum_full
         # The connection holding the sole-use lock (`open(sole_use=True)`), for as long as it is open.
         self._sole: AsyncConnection[Any] | None = None
+        # The connection LISTENing for appended events (`wait_for_events`), opened on first use.
+        self._conninfo = ""
+        self._listener: AsyncConnection[Any] | None = None
         self._fence: tuple[str, int] | None = None  # (replica id, epoch) every write must hold
 
     @classmethod
@@ -292,6 +299,7 @@ class PostgresLedger:
                 raise StorageUnavailable(str(err)) from err
             raise
         ledger = cls(pool, vacuum_full=vacuum_full)
+        ledger._conninfo = conninfo
         if sole_use:
             try:
                 await ledger._claim_sole_use(conninfo)
@@ -320,10 +328,29 @@ class PostgresLedger:
 
     async def close(self) -> None:
         await self._pool.close()
-        if self._sole is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._sole.close()
-            self._sole = None
+        for conn in (self._sole, self._listener):
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+        self._sole = self._listener = None
+
+    async def wait_for_events(self, seconds: float) -> None:
+        """Waits for a NOTIFY on EVENTS_CHANNEL (every append sends one on commit) on a
+        connection of its own; on any trouble with it, for `seconds` (the caller polls), and the
+        connection is made again at the next call."""
+        try:
+            if self._listener is None or self._listener.closed:
+                self._listener = await AsyncConnection.connect(self._conninfo, autocommit=True)
+                await self._listener.execute(f"LISTEN {EVENTS_CHANNEL}")
+            async for _ in self._listener.notifies(timeout=seconds, stop_after=1):
+                pass
+        except psycopg.Error as err:
+            log.warning("not listening for events appended elsewhere; polling", error=str(err))
+            if self._listener is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await self._listener.close()
+                self._listener = None
+            await asyncio.sleep(seconds)
 
     # Plumbing
 
@@ -1018,7 +1045,8 @@ async def _append_event(
             " appended AS (INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data)"
             " SELECT value, %s, %s, %s, %s, %s, %s FROM next RETURNING cursor),"
             " recorded AS (UPDATE rewinds SET cursor = (SELECT cursor FROM appended) WHERE rewind_id = %s)"
-            " SELECT cursor FROM appended",
+            # Listeners on other replicas are told on commit (never before: NOTIFY is transactional).
+            f" SELECT cursor, pg_notify('{EVENTS_CHANNEL}', cursor::text) FROM appended",
             (
                 event.kind,
                 event.session_id,

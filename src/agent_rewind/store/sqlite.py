@@ -383,6 +383,9 @@ class SqliteLedger:
     def fence(self, replica_id: str, epoch: int) -> None:
         self._fence = (replica_id, epoch)
 
+    async def wait_for_events(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)  # one process writes the file: it publishes its own events
+
     async def remove_session(self, session_id: str) -> None:
         def delete(db: sqlite3.Connection) -> None:
             db.execute(

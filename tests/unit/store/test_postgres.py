@@ -480,3 +480,43 @@ async def test_a_sole_user_keeps_every_other_server_out_until_it_closes(postgres
         await first.close()
     second = await PostgresLedger.open(postgres_url, sole_use=True)
     await second.close()
+
+
+async def test_an_append_by_another_replica_wakes_a_waiting_one_at_once(postgres_url: str) -> None:
+    """The event hub waits in `wait_for_events` between reads of the log: an append anywhere
+    (NOTIFY on commit) ends the wait, rather than the poll's timeout."""
+    from agent_rewind.events import EventHub
+
+    a = await PostgresLedger.open(postgres_url)
+    b = await PostgresLedger.open(postgres_url)
+    hub = EventHub(a)
+    try:
+        await a.add_session(NewSession(SID, "/ws/a", {}, True))
+        await a.wait_for_events(0.01)  # listening from here on
+        waiting = asyncio.create_task(a.wait_for_events(60))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await _begin(b, "r1", SID)
+        assert not waiting.done(), "a write without an event wakes nobody"
+        await b.complete_rewind("r1", {}, None, _event("r1"))
+        await asyncio.wait_for(waiting, 5)  # not the 60 s of the poll
+
+        # The hub, its poll set to a minute, delivers another replica's event to its watcher.
+        from agent_rewind.events import hub as hub_module
+
+        hub_module._POLL, poll = 60.0, hub_module._POLL
+        try:
+            await hub.start()
+            watch = hub.watch(None, None, lambda e: True).__aiter__()
+            await asyncio.wait_for(watch.__anext__(), 5)  # caught up
+            await _begin(b, "r2", SID)
+            await b.complete_rewind("r2", {}, None, _event("r2"))
+            event = await asyncio.wait_for(watch.__anext__(), 5)
+            assert event.rewind_id == "r2"
+            await watch.aclose()
+        finally:
+            hub_module._POLL = poll
+    finally:
+        await hub.close()
+        await a.close()
+        await b.close()
