@@ -100,3 +100,10 @@ async def test_a_replica_registers_with_a_lease_owns_what_it_creates_and_retires
         ).replica == "pod-0"
         assert await directory() == [("pod-0", "pod-0:1", 3, True)]
     assert await directory() == [("pod-0", "pod-0:1", 3, False)]  # retired at a clean shutdown
+    # Renamed (a Deployment's pods get new names): the one server of the database owns every
+    # session in it, whichever replica created it.
+    async with serve(tmp_path, database_url=database, replica_id="pod-9") as c:
+        got = await c.sessions.GetSession(
+            session_service_pb2.GetSessionRequest(session_id=session.session_id)
+        )
+        assert got.replica == "pod-9"

@@ -138,9 +138,11 @@ class SessionWorker:
 
     @property
     def replica(self) -> str:
-        """The replica that owns the session; one created before replicas were recorded is
-        owned by the only replica its deployment had: this one."""
-        return self.record.replica or self._ctx.replica_id
+        """The replica that owns the session: this one. A server holds its database for itself
+        (one server per database), so it owns every session there, whichever replica id created
+        it (`record.replica`: a pod renamed, a Deployment's random names) or none (a session
+        older than the directory)."""
+        return self._ctx.replica_id
 
     @property
     def state(self) -> str:
