@@ -41,7 +41,21 @@ async def _session(c: Client, **kw: Any) -> tuple[str, Path]:
     return session.session_id, Path(session.cwd)
 
 
+def _snapshots_by_how() -> dict[str, float]:
+    """How many complete snapshots this process has taken, by how (the server runs in it)."""
+    from agent_rewind.metrics import REGISTRY
+
+    return {
+        how: REGISTRY.get_sample_value(
+            "agent_rewind_workspace_snapshots_total", {"how": how, "complete": "true"}
+        )
+        or 0.0
+        for how in ("scan", "watched", "paths", "unchanged")
+    }
+
+
 async def test_bash_and_subagent_edits_are_restored_from_the_snapshot(tmp_path: Path) -> None:
+    before = _snapshots_by_how()
     async with serve(tmp_path, workspace_snapshots=True) as c:
         sid, cwd = await _session(c)
         first = prompt_id(await c.prompt(sid, "write keep.txt kept\nbash echo one > shell.txt"))
@@ -82,6 +96,13 @@ async def test_bash_and_subagent_edits_are_restored_from_the_snapshot(tmp_path: 
         # And to the very first point: the workspace as it was before any turn.
         await c.rewind(sid, first, FILES)
         assert read(cwd / "shell.txt") is None and read(cwd / "keep.txt") is None
+    # The workspace was scanned once, when the session went live; after that the watch told each
+    # snapshot what the CLI's tools and subagent changed: files hashed alone, a new directory
+    # scanned alone, nothing to do where nothing changed.
+    taken = {how: n - before[how] for how, n in _snapshots_by_how().items()}
+    assert taken["scan"] == 1 and taken["watched"] >= 2 and taken["paths"] >= 1 and taken["unchanged"] >= 1, (
+        taken
+    )
 
 
 async def test_an_edit_made_outside_the_agent_is_never_destroyed_unasked(tmp_path: Path) -> None:
