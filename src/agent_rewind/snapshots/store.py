@@ -191,12 +191,13 @@ class SnapshotStore:
                 problems = [f"error: {err}"]
             if tree is not None and not problems and self._watch is not None and self._watch.watching:
                 self._tree = tree
+            how = self._how
         return Snapshot(
             tree=tree,
             complete=tree is not None and not problems,
             reason=_summary(problems),
             seconds=time.monotonic() - started,
-            how=self._how,
+            how=how,
         )
 
     def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
@@ -267,7 +268,7 @@ class SnapshotStore:
         The same rules as a scan: a path behind a symlink, missing, or neither a file nor a
         symlink is not recorded; a name git refuses, or a file over the size bound, makes the
         snapshot incomplete; over the total bound nothing is written. The index is left as it
-        was: the caller remembers the paths, so that the next scan of some paths includes them."""
+        was: the caller remembers the paths, for `_sync_index` before git next reads it."""
         objects = self._objects
         changes: dict[str, tuple[str, str] | None] = {}
         write: list[tuple[str, bool]] = []  # (path, tracked), to hash once the bounds are checked
