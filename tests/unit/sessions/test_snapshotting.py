@@ -3,6 +3,7 @@ a real git store and a real SQLite ledger."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -87,3 +88,42 @@ async def test_retention_prunes_old_points_and_collects_their_objects(
     assert kept is not None and _has(repo, kept)
     await s.retain(SID, str(ws), points=0)  # 0 keeps everything: nothing more is pruned
     assert await s.records(SID) == records
+
+
+async def _watching(s: Snapshots, where: Path, sessions: list[str], expected: list[bool]) -> None:
+    """Waits (2 s at most) for the watches to be as expected: stores stop watching in the
+    snapshot threads, after the call that decided it."""
+    deadline = asyncio.get_running_loop().time() + 2
+    while True:
+        found = []
+        for sid in sessions:
+            watch = s.store(sid, str(where / sid))._watch
+            found.append(watch is not None and watch.watching)
+        if found == expected or asyncio.get_running_loop().time() > deadline:
+            assert found == expected
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_past_the_bound_of_watched_stores_the_least_recently_snapshotted_stops_watching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshotting, "MAX_WATCHED", 2)
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    s = Snapshots(tmp_path / "snapshots", ledger, Limits(), watch=True)
+    try:
+        sessions = [f"{SID[:-1]}{i}" for i in range(3)]
+        for sid in sessions:
+            (tmp_path / sid).mkdir()
+            assert (await s.take(sid, str(tmp_path / sid))).how == "scan"
+        await _watching(s, tmp_path, sessions, [False, True, True])
+        # Used again, it scans once more (and watches again), and the next least recent stops.
+        (tmp_path / sessions[0] / "f").write_text("x")
+        assert (await s.take(sessions[0], str(tmp_path / sessions[0]))).how == "scan"
+        await _watching(s, tmp_path, sessions, [True, False, True])
+        assert (await s.take(sessions[0], str(tmp_path / sessions[0]))).how == "unchanged"
+        s.forget(sessions[2])  # hibernated: it stops watching too
+        await _watching(s, tmp_path, sessions, [True, False, False])
+    finally:
+        s.close()
+        await ledger.close()
