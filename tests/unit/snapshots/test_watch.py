@@ -361,3 +361,26 @@ def test_a_workspace_past_a_watch_limit_is_scanned_and_still_right(
     write(workspace / "src" / "deep" / "b.py", "changed\n")
     second = store.take()
     assert second.how == "scan" and second.tree == scanning.take().tree
+
+
+def test_a_disk_full_mid_take_is_an_incomplete_snapshot_and_the_next_one_is_whole(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rewind.snapshots import objects as objects_module
+
+    store = SnapshotStore(tmp_path / "s.git", workspace, watch=True)
+    scanning = SnapshotStore(tmp_path / "scan.git", workspace)
+    store.take()
+    write(workspace / "src" / "a.py", "changed while the disk was full\n")
+    real_write = objects_module.Objects.write
+
+    def full(self: objects_module.Objects, kind: bytes, body: bytes) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(objects_module.Objects, "write", full)
+    failed = store.take()
+    assert not failed.complete and failed.tree is None and "No space left" in failed.reason
+    monkeypatch.setattr(objects_module.Objects, "write", real_write)
+    healed = store.take()  # what the failed take had been told is not lost: it scans
+    assert healed.complete and healed.how == "scan"
+    assert healed.tree == scanning.take().tree
