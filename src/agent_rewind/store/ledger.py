@@ -228,6 +228,10 @@ class Ledger(Protocol):
 
     async def close(self) -> None: ...
 
+    async def schema_version(self) -> int:
+        """The version of the schema (each implementation numbers its own migrations)."""
+        ...
+
     async def secret(self, name: str, size: int = 32) -> bytes:
         """A random secret of the deployment, made on first use and the same ever after."""
         ...
@@ -235,7 +239,9 @@ class Ledger(Protocol):
     # Sessions
 
     async def add_session(self, new: NewSession, request: NewRequest | None = None) -> SessionRecord:
-        """Records a session (and the request that created it). RequestIdTaken if the id is."""
+        """Records a session (and the request that created it). RequestIdTaken if the request
+        id is taken, SessionAlreadyExists if the session id is (by a deleted session's tombstone
+        too); nothing is written then."""
         ...
 
     async def remove_session(self, session_id: str) -> None:

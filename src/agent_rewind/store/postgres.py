@@ -59,7 +59,7 @@ from psycopg.types.json import Json, Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from agent_rewind import metrics
-from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
+from agent_rewind.errors import ReplicaUnavailable, SessionAlreadyExists, StorageUnavailable
 from agent_rewind.store.ledger import (
     FENCED,
     Anchor,
@@ -455,7 +455,7 @@ class PostgresLedger:
             cursor = await db.execute(
                 "INSERT INTO sessions (session_id, cwd, options, checkpointing, create_time, update_time,"
                 " principal, workspace_snapshots, replica) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " RETURNING *",
+                " ON CONFLICT (session_id) DO NOTHING RETURNING *",
                 (
                     new.session_id,
                     new.cwd,
@@ -469,7 +469,8 @@ class PostgresLedger:
                 ),
             )
             row = await cursor.fetchone()
-            assert row is not None
+            if row is None:  # the id is taken (a tombstone's included), maybe by another replica
+                raise SessionAlreadyExists(new.session_id)
             return _session(row)
 
         return await self._write(insert)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent_rewind import metrics
-from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
+from agent_rewind.errors import ReplicaUnavailable, SessionAlreadyExists, StorageUnavailable
 from agent_rewind.store.ledger import (
     FENCED,
     Anchor,
@@ -227,8 +227,7 @@ class SqliteLedger:
                     raise
                 self._writer.execute("COMMIT")
 
-    @property
-    def schema_version(self) -> int:
+    async def schema_version(self) -> int:
         return int(self._reader.execute("PRAGMA user_version").fetchone()[0])
 
     async def close(self) -> None:
@@ -313,6 +312,8 @@ class SqliteLedger:
         def insert(db: sqlite3.Connection) -> None:
             if request is not None:
                 _insert_request(db, request, stamp)
+            if db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (new.session_id,)).fetchone():
+                raise SessionAlreadyExists(new.session_id)  # a tombstone's id included
             db.execute(
                 "INSERT INTO sessions (session_id, cwd, options_json, checkpointing, create_time, update_time,"
                 " principal, workspace_snapshots, request_id, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

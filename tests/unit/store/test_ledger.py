@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent_rewind.errors import ReplicaUnavailable
+from agent_rewind.errors import ReplicaUnavailable, SessionAlreadyExists
 from agent_rewind.store.ledger import (
     Anchor,
     Ledger,
@@ -521,3 +521,13 @@ async def test_a_fenced_ledger_refuses_every_write_once_another_incarnation_regi
     assert [(s.session_id, s.closed) for s in await ledger.sessions()] == [(SID, False)]  # nothing changed
     await ledger.retire_replica("pod-0", first.epoch)  # the directory's own writes still run
     assert [r.epoch for r in await ledger.replicas()] == [2]
+
+
+async def test_a_session_id_taken_is_refused_the_same_way_by_every_ledger(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    with pytest.raises(SessionAlreadyExists):
+        await ledger.add_session(
+            _session(cwd="/elsewhere"), NewRequest("create-again", "CreateSession", "fp", SID)
+        )
+    assert await ledger.request("create-again") is None  # nothing written
+    assert [s.cwd for s in await ledger.sessions()] == [f"/ws/{SID[:4]}"]

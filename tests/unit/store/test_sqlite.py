@@ -87,7 +87,7 @@ async def test_a_round_one_ledger_is_migrated_in_place(tmp_path: Path) -> None:
 
     ledger = await SqliteLedger.open(path)
     try:
-        assert ledger.schema_version == len(MIGRATIONS)
+        assert await ledger.schema_version() == len(MIGRATIONS)
         record = await ledger.session(SID)
         assert record is not None and record.started and record.principal == ""
         created = await ledger.request("create-1")
@@ -108,7 +108,7 @@ async def test_reopening_a_current_ledger_migrates_nothing(tmp_path: Path) -> No
     path = tmp_path / "ledger.sqlite3"
     await (await SqliteLedger.open(path)).close()
     again = await SqliteLedger.open(path)
-    assert again.schema_version == len(MIGRATIONS)
+    assert await again.schema_version() == len(MIGRATIONS)
     await again.close()
 
 
@@ -193,7 +193,7 @@ async def test_a_schema_3_ledger_gains_tombstones_and_keeps_its_sessions(tmp_pat
     db.close()
     ledger = await SqliteLedger.open(path)
     try:
-        assert ledger.schema_version == len(MIGRATIONS)
+        assert await ledger.schema_version() == len(MIGRATIONS)
         assert [r.session_id for r in await ledger.sessions()] == [SID]
         assert await ledger.tombstone(SID) is None and await ledger.unfinished_erasures() == []
         await ledger.erase_session(SID, NewEvent("SESSION_DELETED", SID))
