@@ -384,3 +384,22 @@ def test_a_disk_full_mid_take_is_an_incomplete_snapshot_and_the_next_one_is_whol
     healed = store.take()  # what the failed take had been told is not lost: it scans
     assert healed.complete and healed.how == "scan"
     assert healed.tree == scanning.take().tree
+
+
+def test_a_workspace_removed_and_made_again_is_scanned_whole(tmp_path: Path) -> None:
+    """A person deletes the workspace and clones it again between two turns: every watch was on
+    the old directories, so the next snapshot scans the new ones. (No `.gitignore`, whose own
+    deletion would make it scan anyway.)"""
+    workspace = tmp_path / "plain"
+    write(workspace / "src" / "a.py", "a\n")
+    store = SnapshotStore(tmp_path / "s.git", workspace, watch=True)
+    scanning = SnapshotStore(tmp_path / "scan.git", workspace)
+    assert store.take().tree == scanning.take().tree
+    shutil.rmtree(workspace)
+    write(workspace / "src" / "a.py", "cloned again\n")
+    write(workspace / "fresh" / "new.py", "new\n")
+    again = store.take()
+    assert again.how == "scan" and again.tree == scanning.take().tree
+    write(workspace / "fresh" / "new.py", "changed in the new workspace\n")
+    watched = store.take()
+    assert watched.how == "watched" and watched.tree == scanning.take().tree
