@@ -97,7 +97,10 @@ def cli_processes(root: int | None = None, *, config_dir: Path | None = None) ->
         process = CliProcess(pid, st[1], tuple(a.decode(errors="replace") for a in argv if a))
         if config_dir is None or process.environ().get("CLAUDE_CONFIG_DIR") == str(config_dir):
             found.append(process)
-    return sorted(found, key=lambda p: p.pid)
+    # A CLI starting a program (a shell for Bash, git, ripgrep) forks first: until the child
+    # execs, it is a copy of its parent, same binary and arguments. It is that CLI's, not another.
+    pids = {p.pid for p in found}
+    return sorted((p for p in found if p.ppid not in pids), key=lambda p: p.pid)
 
 
 def cli_pids(
