@@ -296,14 +296,8 @@ class SnapshotStore:
                 continue
             if stat.S_ISDIR(info.st_mode):
                 return None
-            problem = ""
-            if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
-                pass  # a FIFO, socket or device: git records none
-            elif refused := _refused_by_git(path, stat.S_ISLNK(info.st_mode)):
-                problem = f"unsupported path ({refused}): {path}"
-            elif info.st_size > self.limits.max_file_bytes:
-                problem = f"file over {self.limits.max_file_bytes} bytes: {path}"
-            else:
+            problem = self._unrecordable(path, info)
+            if problem is None:
                 write.append((path, old is not None))
                 total += info.st_size
                 continue
@@ -442,14 +436,8 @@ class SnapshotStore:
                 if path in tracked:
                     plan.update.append(path)  # a file became a directory: --remove drops it
                 continue
-            problem = ""
-            if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
-                pass  # a FIFO, socket or device: git records none
-            elif refused := _refused_by_git(path, stat.S_ISLNK(info.st_mode)):
-                problem = f"unsupported path ({refused}): {path}"
-            elif info.st_size > self.limits.max_file_bytes:
-                problem = f"file over {self.limits.max_file_bytes} bytes: {path}"
-            else:
+            problem = self._unrecordable(path, info)
+            if problem is None:
                 plan.update.append(path)
                 plan.added_bytes += info.st_size
                 continue
@@ -458,6 +446,18 @@ class SnapshotStore:
             if path in tracked:  # the snapshot must not claim the old content
                 plan.drop.append(path)
         return plan
+
+    def _unrecordable(self, path: str, info: os.stat_result) -> str | None:
+        """None when a snapshot records the path (a file or symlink within the size bound); else
+        why not: "" for what git never records (a FIFO, socket or device), or the problem that
+        makes the snapshot incomplete (a name git refuses, a file over the bound)."""
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+            return ""
+        if refused := _refused_by_git(path, stat.S_ISLNK(info.st_mode)):
+            return f"unsupported path ({refused}): {path}"
+        if info.st_size > self.limits.max_file_bytes:
+            return f"file over {self.limits.max_file_bytes} bytes: {path}"
+        return None
 
     def _real_dir(self, path: str, real_dirs: dict[str, bool]) -> bool:
         """Whether `path` and each of its parents is a directory, not a symlink to one."""
