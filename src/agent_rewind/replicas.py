@@ -5,8 +5,8 @@ Every registration gives the replica a new epoch in the ledger (`register_replic
 the fencing token of this incarnation. Should another process register under the same id (a
 replica restarted while this one still runs, or a takeover), this one's renewals are refused from
 then on, and so is every ledger write it makes (`Ledger.fence`): it is fenced off, and says so
-in its log and on its health. The lease is the database's
-(PostgreSQL's clock), so the replicas' clocks need not agree. A ledger that cannot be reached
+in its log and on its health. Leases run by the database's clock (PostgreSQL's), so the
+replicas' clocks need not agree. A ledger that cannot be reached
 leaves the lease to run out: the heartbeat tries again at its next beat.
 """
 
@@ -90,7 +90,7 @@ class Membership:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # the ledger is away: the lease runs; try at the next beat
-                log.warning("could not renew this replica's lease", error=str(err))
+                log.warning("replica heartbeat failed (renewing, or counting the replicas)", error=str(err))
 
     async def replicas(self) -> list[ReplicaRecord]:
         """Every replica of the deployment whose lease is current."""

@@ -520,3 +520,33 @@ async def test_an_append_by_another_replica_wakes_a_waiting_one_at_once(postgres
         await hub.close()
         await a.close()
         await b.close()
+
+
+async def test_a_lost_listening_connection_falls_back_to_the_poll_and_listens_again(
+    postgres_url: str,
+) -> None:
+    a = await PostgresLedger.open(postgres_url)
+    b = await PostgresLedger.open(postgres_url)
+    try:
+        await a.add_session(NewSession(SID, "/ws/a", {}, True))
+        await a.wait_for_events(0.01)
+        assert a._listener is not None
+        pid = a._listener.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # The connection is gone: the wait neither raises nor returns early; it lasts the poll.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await a.wait_for_events(0.3)
+        assert loop.time() - started >= 0.25
+        # The next wait listens on a new connection: another replica's append wakes it.
+        await a.wait_for_events(0.01)
+        assert a._listener is not None and a._listener.info.backend_pid != pid
+        waiting = asyncio.create_task(a.wait_for_events(60))
+        await asyncio.sleep(0.1)
+        await _begin(b, "r1", SID)
+        await b.complete_rewind("r1", {}, None, _event("r1"))
+        await asyncio.wait_for(waiting, 5)
+    finally:
+        await a.close()
+        await b.close()
