@@ -175,6 +175,14 @@ class AccessFile:
                 return principal
         raise Unauthenticated("the bearer token is not valid")
 
+    def by_name(self, name: str) -> Principal:
+        """The principal named `name` (a call another replica authenticated and forwarded)."""
+        self.reload()
+        for principal in (*self._by_token.values(), *self._by_subject.values()):
+            if principal.name == name:
+                return principal
+        raise Unauthenticated("the forwarded call names no principal this replica's access file knows")
+
     def by_subject(self, subject: str) -> Principal:
         self.reload()
         principal = self._by_subject.get(subject)

@@ -42,6 +42,9 @@ class Config:
     replica_id: str = ""
     advertise_address: str = ""
     replica_lease: float = 15.0
+    # Where CreateSession puts a new session: "local" (the replica that got the call) or
+    # "least-loaded" (the replica owning the fewest sessions).
+    placement: Literal["local", "least-loaded"] = "local"
     model: ModelBackend = "auto"
     # Seconds a running turn gets to finish when the server is told to stop.
     shutdown_grace: float = 10.0
@@ -70,6 +73,9 @@ class Config:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # CA certificates the other replicas' server certificates chain to (forwarded calls, over TLS
+    # when this replica serves TLS); default: --tls-client-ca, else --tls-cert itself.
+    replica_ca: Path | None = None
     # Listen beyond loopback without authentication and TLS (a warning at every start).
     insecure: bool = False
     # Per-principal limits (QUOTA_EXCEEDED beyond them).
@@ -114,6 +120,7 @@ class Config:
             tls_cert=absolute(self.tls_cert),
             tls_key=absolute(self.tls_key),
             tls_client_ca=absolute(self.tls_client_ca),
+            replica_ca=absolute(self.replica_ca),
         )
 
     @property
@@ -325,6 +332,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         metavar="S",
     ),
     Flag(
+        "--placement",
+        "placement",
+        "where CreateSession puts a new session: on the replica that got the call, or on the "
+        "replica owning the fewest sessions (ties stay where the call arrived)",
+        choices=("local", "least-loaded"),
+    ),
+    Flag(
         "--database-url",
         "database_url",
         "a postgresql:// URL (libpq form; a password is better given as PGPASSWORD or in ~/.pgpass): "
@@ -439,6 +453,15 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         convert=Path,
         metavar="FILE",
         default_help="none",
+    ),
+    Flag(
+        "--replica-ca",
+        "replica_ca",
+        "CA certificates (PEM) the other replicas' server certificates chain to, for the calls this "
+        "replica forwards to them over TLS (it presents its own server certificate as its client certificate)",
+        convert=Path,
+        metavar="FILE",
+        default_help="the client CA file, else the server certificate",
     ),
     Flag(
         "--insecure",

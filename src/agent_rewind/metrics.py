@@ -12,6 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -34,6 +35,19 @@ RPCS = Counter(
 RPC_SECONDS = Histogram(
     "agent_rewind_rpc_duration_seconds",
     "How long RPCs took, by method (a stream: until it ended)",
+    ["method"],
+    buckets=_SLOW,
+    registry=REGISTRY,
+)
+FORWARDED_RPCS = Counter(
+    "agent_rewind_forwarded_rpcs_total",
+    "RPCs forwarded to the replica that owns their session (or that a new session was placed on)",
+    ["method"],
+    registry=REGISTRY,
+)
+FORWARDED_RPC_SECONDS = Histogram(
+    "agent_rewind_forwarded_rpc_duration_seconds",
+    "How long forwarded RPCs took, from here to the owner and back, by method",
     ["method"],
     buckets=_SLOW,
     registry=REGISTRY,
@@ -106,41 +120,57 @@ def timed(histogram: Any) -> Iterator[None]:
         histogram.observe(time.perf_counter() - started)
 
 
-class _Gauges(Collector):
-    """Gauges read at scrape time from the running server."""
+@dataclass(frozen=True, eq=False)
+class _Server:
+    sessions: Callable[[], dict[str, int]]
+    watchers: Callable[[], int]
+    live: Callable[[], tuple[int, int]]
 
-    def __init__(
-        self,
-        sessions: Callable[[], dict[str, int]],
-        watchers: Callable[[], int],
-        live: Callable[[], tuple[int, int]],
-    ) -> None:
-        self._sessions = sessions
-        self._watchers = watchers
-        self._live = live
+
+class _Gauges(Collector):
+    """Gauges read at scrape time from the running servers: one in a process, but tests run
+    several replicas in one (their gauges add up)."""
+
+    def __init__(self) -> None:
+        self.servers: list[_Server] = []
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
+        servers = list(self.servers)
         by_state = GaugeMetricFamily("agent_rewind_sessions", "Sessions, by state", labels=["state"])
-        for state, count in sorted(self._sessions().items()):
+        states: dict[str, int] = {}
+        for server in servers:
+            for state, count in server.sessions().items():
+                states[state] = states.get(state, 0) + count
+        for state, count in sorted(states.items()):
             by_state.add_metric([state.lower()], count)
         yield by_state
         yield GaugeMetricFamily(
-            "agent_rewind_watchers", "Open WatchRewindEvents streams", value=self._watchers()
+            "agent_rewind_watchers",
+            "Open WatchRewindEvents streams",
+            value=sum(s.watchers() for s in servers),
         )
-        held, capacity = self._live()
-        yield GaugeMetricFamily("agent_rewind_live_processes", "Live-process slots held", value=held)
+        live = [s.live() for s in servers]
         yield GaugeMetricFamily(
-            "agent_rewind_live_processes_max", "The live-process bound (--max-live-sessions)", value=capacity
+            "agent_rewind_live_processes", "Live-process slots held", value=sum(h for h, _ in live)
         )
+        yield GaugeMetricFamily(
+            "agent_rewind_live_processes_max",
+            "The live-process bound (--max-live-sessions)",
+            value=sum(c for _, c in live),
+        )
+
+
+_GAUGES = _Gauges()
+REGISTRY.register(_GAUGES)
 
 
 def observe(
     sessions: Callable[[], dict[str, int]], watchers: Callable[[], int], live: Callable[[], tuple[int, int]]
 ) -> Callable[[], None]:
     """Registers a running server's gauges; returns what unregisters them."""
-    collector = _Gauges(sessions, watchers, live)
-    REGISTRY.register(collector)
-    return lambda: REGISTRY.unregister(collector)
+    server = _Server(sessions, watchers, live)
+    _GAUGES.servers.append(server)
+    return lambda: _GAUGES.servers.remove(server)
 
 
 class MetricsServer:

@@ -1,5 +1,5 @@
-"""This replica's entry in the replica directory: registered at start, renewed by a heartbeat,
-retired at a clean shutdown.
+"""The replica directory: this replica's entry in it (registered at start, renewed by a
+heartbeat, retired at a clean shutdown), and which replica owns each session.
 
 Every registration gives the replica a new epoch in the ledger (`register_replica`): the epoch is
 the fencing token of this incarnation. Should another process register under the same id (a
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import structlog
 
+from agent_rewind.errors import ReplicaUnavailable
 from agent_rewind.store.ledger import Ledger, ReplicaRecord
 
 log = structlog.get_logger(__name__)
@@ -46,6 +48,8 @@ class Membership:
         self._heartbeat: asyncio.Task[None] | None = None
         # Replicas whose lease was current at the last beat (GetCapabilities.replicas).
         self.alive = 1
+        # Every replica in the directory, by id, as read at the last beat (or since, on a miss).
+        self.directory: dict[str, ReplicaRecord] = {}
 
     async def join(self) -> ReplicaRecord:
         """Registers this replica (a new epoch), fences the ledger's writes with that epoch, and
@@ -60,7 +64,13 @@ class Membership:
         return record
 
     async def _count(self) -> None:
-        self.alive = max(1, len(await self.replicas()))
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Reads the directory again."""
+        records = await self._ledger.replicas()
+        self.directory = {r.replica_id: r for r in records}
+        self.alive = max(1, sum(1 for r in records if r.alive))
 
     async def renew(self) -> bool:
         """One heartbeat: False when this incarnation has been fenced off."""
@@ -108,3 +118,109 @@ class Membership:
                 await self._ledger.retire_replica(self.replica_id, self.epoch)
             except Exception as err:
                 log.warning("could not retire this replica's lease; it runs out", error=str(err))
+
+
+class Elsewhere(Exception):
+    """The call belongs to another replica: the RPC layer forwards it there, unchanged. Raised
+    before anything of the call was done here."""
+
+    def __init__(self, replica: ReplicaRecord) -> None:
+        super().__init__(f"owned by replica {replica.replica_id} at {replica.address}")
+        self.replica = replica
+
+
+# Placements of new sessions (--placement).
+LOCAL = "local"
+LEAST_LOADED = "least-loaded"
+PLACEMENTS = (LOCAL, LEAST_LOADED)
+
+
+class Owners:
+    """Which replica owns a session, and which one a new session goes to.
+
+    A session is owned by the replica that created it (`sessions.replica`); it never moves
+    while that replica exists, so the answer is remembered. Where a replica is reached is the
+    directory's, read at each heartbeat and again on a miss.
+    """
+
+    _REMEMBERED = 100_000
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        membership: Membership,
+        local: Callable[[str], bool],
+        placement: str = LOCAL,
+    ) -> None:
+        """`local`: whether this replica holds a session (its registry's workers)."""
+        self._ledger = ledger
+        self._membership = membership
+        self._local = local
+        self.placement = placement
+        self._owners: OrderedDict[str, str] = OrderedDict()
+
+    @property
+    def replica_id(self) -> str:
+        return self._membership.replica_id
+
+    async def owner(self, session_id: str) -> ReplicaRecord | None:
+        """The replica to forward a call for `session_id` to; None when this replica answers it
+        (it holds the session, or no replica does: the session does not exist).
+        REPLICA_UNAVAILABLE when the owner's lease has run out."""
+        if self._local(session_id):
+            return None
+        owner = self._owners.get(session_id)
+        if owner is None:
+            record = await self._ledger.session(session_id)
+            if record is None or record.replica in ("", self.replica_id):
+                return None
+            owner = record.replica
+            self._owners[session_id] = owner
+            if len(self._owners) > self._REMEMBERED:
+                self._owners.popitem(last=False)
+        return await self.replica(owner)
+
+    def forget(self, session_id: str) -> None:
+        """The remembered owner is asked again next time (the owner did not answer for it)."""
+        self._owners.pop(session_id, None)
+
+    async def forget_address(self, replica_id: str) -> None:
+        """A replica could not be reached where the directory said: read the directory again, so
+        the next call finds it where it came back (a restarted replica's new address)."""
+        try:
+            await self._membership.refresh()
+        except Exception as err:  # the ledger is away too: the next beat reads it
+            log.warning("could not read the replica directory", replica_id=replica_id, error=str(err))
+
+    async def replica(self, replica_id: str) -> ReplicaRecord:
+        """A replica whose lease is current; REPLICA_UNAVAILABLE otherwise."""
+        found = self._membership.directory.get(replica_id)
+        if found is None or not found.alive:
+            await self._membership.refresh()  # one that joined, or came back, since the last beat
+            found = self._membership.directory.get(replica_id)
+        if found is None:
+            raise ReplicaUnavailable(replica_id, "it is not in the replica directory")
+        if not found.alive:
+            raise ReplicaUnavailable(replica_id, "its lease has run out: it is down or cut off")
+        return found
+
+    async def others(self) -> list[ReplicaRecord]:
+        """Every other replica whose lease is current (ListSessions asks each)."""
+        await self._membership.refresh()
+        return [r for r in self._membership.directory.values() if r.alive and r.replica_id != self.replica_id]
+
+    async def place(self) -> ReplicaRecord | None:
+        """Where a new session goes: None for this replica (--placement local, or this one is
+        the least loaded), else the replica owning the fewest sessions among those alive."""
+        if self.placement == LOCAL:
+            return None
+        await self._membership.refresh()
+        alive = [r for r in self._membership.directory.values() if r.alive]
+        if not alive:
+            return None
+        counts = await self._ledger.session_counts()
+        mine = counts.get(self.replica_id, 0)
+        best = min(alive, key=lambda r: (counts.get(r.replica_id, 0), r.replica_id))
+        if best.replica_id == self.replica_id or counts.get(best.replica_id, 0) >= mine:
+            return None  # ties stay here: no hop for nothing
+        return best

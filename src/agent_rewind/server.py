@@ -25,10 +25,11 @@ from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.metrics import MetricsServer
-from agent_rewind.replicas import Membership
+from agent_rewind.replicas import Membership, Owners
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import registration
 from agent_rewind.rpc.auth import Authenticator
+from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
 from agent_rewind.rpc.session_service import SessionServicer
@@ -119,6 +120,7 @@ class RunningServer:
     side: SidePorts | None = None
     snapshots: Snapshots | None = None
     membership: Membership | None = None
+    forwarder: Forwarder | None = None
     _stopped: bool = False
     _chores: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -144,6 +146,8 @@ class RunningServer:
         await asyncio.gather(*self._chores, return_exceptions=True)
         if self.model is not None:
             self.model.stop()
+        if self.forwarder is not None:
+            await self.forwarder.close()
         if self.membership is not None:
             await self.membership.leave()
         await self.ledger.close()
@@ -214,9 +218,7 @@ async def _open_ledger(config: Config) -> Ledger:
         raise ImportError(
             f"--database-url needs the PostgreSQL driver: pip install 'agent-rewind[postgres]' ({err})"
         ) from err
-    ledger = await PostgresLedger.open(
-        config.database_url, lock_timeout=config.ledger_busy_timeout, sole_use=True
-    )
+    ledger = await PostgresLedger.open(config.database_url, lock_timeout=config.ledger_busy_timeout)
     log.info("ledger", backend="postgresql")
     return ledger
 
@@ -283,6 +285,20 @@ def check_transport(config: Config) -> None:
         )
 
 
+def _replica_credentials(config: Config) -> grpc.ChannelCredentials | None:
+    """How this replica reaches the others: TLS when it serves TLS (they do too), trusting
+    --replica-ca (else --tls-client-ca, else its own certificate), and presenting its own
+    certificate for mutual TLS."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    roots = config.replica_ca or config.tls_client_ca or config.tls_cert
+    return grpc.ssl_channel_credentials(
+        root_certificates=roots.read_bytes(),
+        private_key=config.tls_key.read_bytes(),
+        certificate_chain=config.tls_cert.read_bytes(),
+    )
+
+
 def _credentials(config: Config) -> grpc.ServerCredentials | None:
     if config.tls_cert is None or config.tls_key is None:
         return None
@@ -303,6 +319,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     try:
         access = AccessFile(config.access_file) if config.access_file is not None else None
         credentials = _credentials(config)
+        replica_credentials = _replica_credentials(config)
     except (AccessFileError, OSError) as err:
         raise StartError(str(err)) from err
     authenticator = Authenticator(access)
@@ -359,8 +376,22 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         replica_id=config.replica_id,
     )
     registry = SessionRegistry(config, ledger, ctx, publish=hub.publish)
-    await registry.load()
     membership = Membership(ledger, config.replica_id, config.advertise_address, config.replica_lease)
+    forwarder: Forwarder | None = None
+    if config.database_url:  # a shared ledger: other replicas may own sessions
+        owners = Owners(ledger, membership, registry.workers.__contains__, config.placement)
+        registry.owners = owners
+        secret = (await ledger.secret("replica_forwarding")).hex()
+        authenticator.replica_secret = secret
+        forwarder = Forwarder(
+            owners,
+            secret,
+            replica_credentials,
+            options=(
+                ("grpc.max_receive_message_length", 16 * MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ),
+        )
 
     server = grpc.aio.server(
         options=[
@@ -369,11 +400,15 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         ]
     )
     tokens = PageTokens(await ledger.secret("page_tokens"))
-    registration.add(server, SESSION_SERVICE, SessionServicer(registry, engine, tokens, authenticator))
+    registration.add(
+        server, SESSION_SERVICE, SessionServicer(registry, engine, tokens, authenticator, forwarder)
+    )
     registration.add(
         server,
         REWIND_SERVICE,
-        RewindServicer(registry, engine, tokens, authenticator, backend, hub, live.capacity, membership),
+        RewindServicer(
+            registry, engine, tokens, authenticator, backend, hub, live.capacity, membership, forwarder
+        ),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -401,8 +436,10 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     try:
         # Probes see NOT_SERVING while interrupted rewinds are finished, before any call is admitted.
         await side.start(config, health_servicer, registry, hub, live)
-        # In the directory before recovery writes anything: from here every write is fenced.
+        # In the directory before loading and recovery write anything: from here every write
+        # is fenced.
         await membership.join()
+        await registry.load()
         await engine.recover(registry.workers)
         await server.start()
     except BaseException:
@@ -417,6 +454,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     running.side = side
     running.snapshots = snapshots
     running.membership = membership
+    running.forwarder = forwarder
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))

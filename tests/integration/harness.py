@@ -144,17 +144,76 @@ class Client:
 @asynccontextmanager
 async def serve(state_dir: Path, **overrides: Any) -> AsyncIterator[Client]:
     running = await start(test_config(state_dir, **overrides))
-    channel = grpc.aio.insecure_channel(running.address)
+    client = _client(running)
     try:
-        yield Client(
-            running,
-            channel,
-            session_service_pb2_grpc.SessionServiceStub(channel),
-            rewind_service_pb2_grpc.RewindServiceStub(channel),
-        )
+        yield client
     finally:
-        await channel.close()
+        await client.channel.close()
         await running.stop(grace=2)
+
+
+def _client(running: RunningServer) -> Client:
+    channel = grpc.aio.insecure_channel(running.address)
+    return Client(
+        running,
+        channel,
+        session_service_pb2_grpc.SessionServiceStub(channel),
+        rewind_service_pb2_grpc.RewindServiceStub(channel),
+    )
+
+
+def replica_dir(state_dir: Path, index: int) -> Path:
+    """The state dir of replica `index` of a deployment whose first replica uses `state_dir`."""
+    return state_dir if index == 0 else state_dir.with_name(f"{state_dir.name}-replica-{index}")
+
+
+@asynccontextmanager
+async def replicas(
+    state_dir: Path, database_url: str, count: int = 3, **overrides: Any
+) -> AsyncIterator[list[Client]]:
+    """`count` replicas of one deployment on loopback: real servers, one PostgreSQL database,
+    each with a state dir (and so a disk) of its own; replica i is `replica-i`. Started again on
+    the same arguments, each replica finds its own state again."""
+    running: list[RunningServer] = []
+    clients: list[Client] = []
+    try:
+        for i in range(count):
+            server = await start(
+                test_config(
+                    replica_dir(state_dir, i),
+                    database_url=database_url,
+                    replica_id=f"replica-{i}",
+                    **overrides,
+                )
+            )
+            running.append(server)
+            clients.append(_client(server))
+        for server in running:  # each knows of all the others before the test begins
+            assert server.membership is not None
+            await server.membership.refresh()
+        yield clients
+    finally:
+        for client in clients:
+            await client.channel.close()
+        for server in reversed(running):
+            await server.stop(grace=2)
+
+
+class _Split:
+    """A stub whose CreateSession goes to one replica and every other call to another."""
+
+    def __init__(self, creates: Any, rest: Any) -> None:
+        self._creates = creates
+        self._rest = rest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._creates if name == "CreateSession" else self._rest, name)
+
+
+def through(owner: Client, other: Client) -> Client:
+    """A client that creates sessions on `owner` and sends every other call to `other`, which
+    owns none of them: each is forwarded. `running` is the owner's server."""
+    return Client(owner.running, other.channel, _Split(owner.sessions, other.sessions), other.rewinds)  # type: ignore[arg-type]
 
 
 def client_of(server: ServerProcess) -> Client:

@@ -685,15 +685,9 @@ def _commands(markdown: str) -> list[str]:
     return [" ".join(c.split()) for block in blocks for c in block.replace("\\\n", " ").splitlines()]
 
 
-def test_the_replicas_overlay_says_it_waits_for_replicas_while_the_server_refuses_them() -> None:
-    """`--database-url` exists, but one server per database: the server holds the database for
-    itself (`sole_use`) until replicas own sessions and forward calls. While it does, the overlay's
-    README must say several replicas are not implemented; when that lock goes, update it."""
-    server = (ROOT / "src" / "agent_rewind" / "server.py").read_text()
-    readme = (DEPLOY / "overlays" / "replicas" / "README.md").read_text()
-    assert "--database-url" in {flag.name for flag in SERVE_FLAGS}
-    assert "sole_use=True" in server, "the server now admits several replicas: update the overlay's README"
-    assert "not implemented" in readme and "refuses to start" in readme
+def test_the_replicas_overlay_runs_replicas_on_one_database_each_reachable_by_the_others() -> None:
+    """Several replicas share the database from a Secret; each advertises where the others
+    forward calls to it."""
     env = Rendering("replicas", json.loads(_rendered("replicas"))).env
     assert "secretKeyRef" in env["AGENT_REWIND_DATABASE_URL"]["valueFrom"]
     assert "AGENT_REWIND_DATABASE_URL" not in Rendering("base", json.loads(_rendered("base"))).env

@@ -8,6 +8,7 @@ the servicers check ownership of the sessions they touch.
 from __future__ import annotations
 
 import contextvars
+import hmac
 
 import grpc
 
@@ -32,7 +33,13 @@ METHOD_PERMISSIONS: dict[str, Permission | None] = {
     "WatchRewindEvents": Permission.EVENTS_READ,
 }
 
+# The metadata of a forwarded call: which replica forwarded it, for whom, and its proof.
+FORWARDED_BY = "agent-rewind-forwarded-by"
+PRINCIPAL = "agent-rewind-principal"
+REPLICA_SECRET = "agent-rewind-replica-secret"
+
 _current: contextvars.ContextVar[Principal] = contextvars.ContextVar("principal", default=LOCAL)
+_forwarded_by: contextvars.ContextVar[str] = contextvars.ContextVar("forwarded_by", default="")
 
 
 def current() -> Principal:
@@ -40,21 +47,30 @@ def current() -> Principal:
     return _current.get()
 
 
+def forwarded_by() -> str:
+    """The replica that forwarded the call being handled; "" for a call from a client."""
+    return _forwarded_by.get()
+
+
 class Authenticator:
     """Credentials -> principal. Without an access file every caller is the local principal (a
     server that listens on loopback only, or one started with --insecure)."""
 
-    def __init__(self, access: AccessFile | None) -> None:
+    def __init__(self, access: AccessFile | None, replica_secret: str = "") -> None:
         self.access = access
+        # The deployment's replica secret (set once the ledger is open); "" accepts no forwarded call.
+        self.replica_secret = replica_secret
 
     @property
     def enabled(self) -> bool:
         return self.access is not None
 
     def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        if FORWARDED_BY in metadata:
+            return self._forwarded(metadata)
         if self.access is None:
             return LOCAL
-        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         header = metadata.get("authorization")
         if header is not None:
             scheme, _, token = header.partition(" ")
@@ -68,11 +84,26 @@ class Authenticator:
             return self.access.by_subject(names[0].decode(errors="replace"))
         raise Unauthenticated("no credentials: send 'authorization: Bearer <token>', or a client certificate")
 
+    def _forwarded(self, metadata: dict[str, str]) -> Principal:
+        """The principal another replica authenticated, if the call proves it comes from one."""
+        secret = metadata.get(REPLICA_SECRET, "")
+        if not self.replica_secret or not hmac.compare_digest(secret.encode(), self.replica_secret.encode()):
+            raise Unauthenticated("a forwarded call must carry the deployment's replica secret")
+        if self.access is None:
+            return LOCAL
+        return self.access.by_name(metadata.get(PRINCIPAL, ""))
+
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Principal:
-        """Authenticates the call and checks the permission its RPC needs; sets `current()`."""
+        """Authenticates the call and checks the permission its RPC needs; sets `current()` and
+        `forwarded_by()`."""
         principal = self.authenticate(context)
         needed = METHOD_PERMISSIONS[method]
         if needed is not None:
             principal.require(needed)
         _current.set(principal)
+        forwarder = ""
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() == FORWARDED_BY and isinstance(value, str):
+                forwarder = value
+        _forwarded_by.set(forwarder)
         return principal

@@ -1,4 +1,5 @@
-"""What every handler shares: per-call log context and the error boundary."""
+"""What every handler shares: per-call log context, the error boundary, and forwarding a call
+to the replica that owns its session (rpc/forwarding.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import grpc
 import structlog
 
 from agent_rewind import metrics
-from agent_rewind.errors import AgentRewindError, InvalidArgument
+from agent_rewind.errors import AgentRewindError, InvalidArgument, ReplicaUnavailable
+from agent_rewind.replicas import Elsewhere
+from agent_rewind.rpc import auth as rpc_auth
 from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.errors import STATUS_BY_REASON, abort, abort_internal
+from agent_rewind.rpc.forwarding import Forwarder, Relayed
 from agent_rewind.rpc.registration import Undecodable
 
 log = structlog.get_logger(__name__)
@@ -44,6 +48,9 @@ async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> Asy
     started = time.perf_counter()
     try:
         yield
+    except Relayed as relayed:  # the status of the replica the call was forwarded to
+        code = relayed.status.code
+        await context.abort_with_status(relayed.status)
     except AgentRewindError as err:
         code = STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
         # A stop ends every watch at once: one line for each would drown the log.
@@ -66,9 +73,50 @@ async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> Asy
 
 
 class Servicer(Protocol):
-    """What the handlers need of a servicer: how it authenticates callers."""
+    """What the handlers need of a servicer: how it authenticates callers, the service's full
+    name, and (with replicas) the forwarder."""
 
     auth: Authenticator
+    service: str
+    forwarder: Forwarder | None
+
+
+# RPCs about one session (its `session_id`): answered by the replica that owns it. The others
+# are answered where they arrive: CreateSession (placed by --placement), ListSessions (each
+# replica asked for its own), GetCapabilities, WatchRewindEvents (every replica reads the log).
+ROUTED = frozenset(
+    {
+        "GetSession",
+        "Prompt",
+        "Interrupt",
+        "CloseSession",
+        "ForkSession",
+        "DeleteSession",
+        "ListRewindPoints",
+        "DryRun",
+        "Rewind",
+        "UndoRewind",
+    }
+)
+
+
+async def _owner(servicer: Any, rpc: str, request: Any) -> Any:
+    """The replica to forward this call to, or None to answer it here."""
+    forwarder: Forwarder | None = getattr(servicer, "forwarder", None)
+    session_id = getattr(request, "session_id", "")
+    if forwarder is None or rpc not in ROUTED or not session_id:
+        return None
+    return await forwarder.owners.owner(session_id)
+
+
+def _hop(replica: Any) -> Any:
+    """A call forwarded here goes no further: its session's owner changed meanwhile."""
+    if rpc_auth.forwarded_by():
+        raise ReplicaUnavailable(
+            replica.replica_id, "the call was forwarded to a replica that no longer owns the session"
+        )
+    structlog.contextvars.bind_contextvars(forwarded_to=replica.replica_id)
+    return replica
 
 
 def _decoded(request: Any) -> None:
@@ -90,11 +138,23 @@ def unary(
 ) -> Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
-        _bind(fn.__name__, request)
-        async with _error_boundary(context, fn.__name__):
-            _admit(self, fn.__name__, context)
+        name = fn.__name__
+        _bind(name, request)
+        async with _error_boundary(context, name):
+            _admit(self, name, context)
             _decoded(request)
-            return await fn(self, request, context)
+            try:
+                owner = await _owner(self, name, request)
+                if owner is None:
+                    return await fn(self, request, context)
+            except Elsewhere as elsewhere:
+                owner = elsewhere.replica
+            forwarder: Forwarder = self.forwarder  # type: ignore[attr-defined]
+            path = f"/{self.service}/{name}"  # type: ignore[attr-defined]
+            forwarded: Resp = await forwarder.unary(  # type: ignore[assignment]  # bytes: registration._encode
+                path, request, context, _hop(owner), getattr(request, "session_id", "")
+            )
+            return forwarded
         raise AssertionError("unreachable: the boundary aborts")
 
     return wrapper
@@ -105,11 +165,21 @@ def streaming(
 ) -> Callable[[S, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]]:
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
-        _bind(fn.__name__, request)
-        async with _error_boundary(context, fn.__name__):
-            _admit(self, fn.__name__, context)
+        name = fn.__name__
+        _bind(name, request)
+        async with _error_boundary(context, name):
+            _admit(self, name, context)
             _decoded(request)
-            async for item in fn(self, request, context):
-                yield item
+            owner = await _owner(self, name, request)
+            if owner is None:
+                async for item in fn(self, request, context):
+                    yield item
+                return
+            forwarder: Forwarder = self.forwarder  # type: ignore[attr-defined]
+            path = f"/{self.service}/{name}"  # type: ignore[attr-defined]
+            async for message in forwarder.stream(
+                path, request, context, _hop(owner), getattr(request, "session_id", "")
+            ):
+                yield message  # type: ignore[misc]  # bytes: registration._encode
 
     return wrapper

@@ -20,6 +20,7 @@ from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.errors import abort
+from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter
@@ -67,6 +68,8 @@ async def _cut_off(
 
 
 class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
+    service = rewind_service_pb2.DESCRIPTOR.services_by_name["RewindService"].full_name
+
     def __init__(
         self,
         registry: SessionRegistry,
@@ -77,7 +80,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         hub: EventHub,
         max_live_sessions: int = 0,
         membership: Membership | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
+        self.forwarder = forwarder
         self._registry = registry
         self._membership = membership
         self._engine = engine
@@ -189,7 +194,8 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         principal = current()
         session_id = None
         if request.session_id:
-            session_id = self._registry.get(requests.session_id(request.session_id), principal).session_id
+            # Any replica serves the watch, from the log: the session may be another's.
+            session_id = await self._registry.visible(requests.session_id(request.session_id), principal)
         after = request.after_cursor if request.HasField("after_cursor") else None
 
         def visible(event: EventRecord) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC
 
 import grpc
 from google.protobuf import empty_pb2
@@ -11,7 +13,8 @@ from agent_rewind.access import Permission
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rpc import convert, requests
-from agent_rewind.rpc.auth import Authenticator, current
+from agent_rewind.rpc.auth import Authenticator, current, forwarded_by
+from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import commands
@@ -22,13 +25,21 @@ from agent_rewind.sessions.worker import SessionWorker
 
 
 class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
+    service = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+
     def __init__(
-        self, registry: SessionRegistry, engine: RewindEngine, tokens: PageTokens, auth: Authenticator
+        self,
+        registry: SessionRegistry,
+        engine: RewindEngine,
+        tokens: PageTokens,
+        auth: Authenticator,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._registry = registry
         self._engine = engine
         self._tokens = tokens
         self.auth = auth
+        self.forwarder = forwarder
 
     def _session(self, session_id: str) -> SessionWorker:
         """The caller's session (or any, for admin); SESSION_NOT_FOUND for anyone else's."""
@@ -55,7 +66,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
                 workspace_snapshots=snapshots,
                 request_id=optional_uuid("request_id", request.request_id) or "",
                 principal=current().name,
-            )
+            ),
+            place=not forwarded_by(),  # (a call placed here by another replica stays here)
         )
         await self._registry.start(worker)
         return await _session(worker)
@@ -79,12 +91,33 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         position = self._tokens.position(request.page_token, scope)
         after = (str(position.get("t")), str(position.get("s"))) if position else None
         workers, more = self._registry.page(after, size, principal)
+        sessions = [(page_key(w), await _session(w)) for w in workers]
+        if self.forwarder is not None and not forwarded_by():
+            # Every replica lists the sessions it owns, from the same position: the page is the
+            # newest `size` of them all. (A replica that is down is not asked: its sessions are
+            # listed again once it is back; see docs/scaling.md.)
+            others = await self.forwarder.owners.others()
+            if others:
+                path = f"/{self.service}/ListSessions"
+                pages = await asyncio.gather(
+                    *(self.forwarder.unary(path, request, context, other) for other in others),
+                    return_exceptions=True,
+                )
+                for page in pages:
+                    if isinstance(page, BaseException):
+                        raise page  # the first replica that could not list: the caller retries
+                    response = session_service_pb2.ListSessionsResponse.FromString(page)
+                    more = more or bool(response.next_page_token)
+                    sessions.extend((_page_key(s), s) for s in response.sessions)
+                sessions.sort(key=lambda pair: pair[0], reverse=True)
+                more = more or len(sessions) > size
+                sessions = sessions[:size]
         token = ""
         if more:
-            created, sid = page_key(workers[-1])
+            created, sid = sessions[-1][0]
             token = self._tokens.issue(scope, {"t": created, "s": sid})
         return session_service_pb2.ListSessionsResponse(
-            sessions=[await _session(w) for w in workers], next_page_token=token
+            sessions=[s for _, s in sessions], next_page_token=token
         )
 
     @streaming
@@ -171,6 +204,12 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
             delete_workspace=request.delete_workspace,
         )
         return empty_pb2.Empty()
+
+
+def _page_key(session: session_pb2.Session) -> tuple[str, str]:
+    """`registry.page_key` of a session another replica listed."""
+    created = session.create_time.ToDatetime(tzinfo=UTC).isoformat(timespec="microseconds")
+    return created, session.session_id
 
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:

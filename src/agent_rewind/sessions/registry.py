@@ -31,6 +31,7 @@ from agent_rewind.errors import (
     WorkspaceInUse,
     WorkspaceOutsideRoot,
 )
+from agent_rewind.replicas import Elsewhere, Owners
 from agent_rewind.sessions import erasure, forking
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
@@ -101,6 +102,8 @@ class SessionRegistry:
         self._ledger = ledger
         self._ctx = dataclasses.replace(ctx, admit_turn=self._admit_turn)
         self._workers: dict[str, SessionWorker] = {}
+        # Which replica owns the sessions this one does not hold (None: a registry of its own).
+        self.owners: Owners | None = None
         self._create_lock = asyncio.Lock()
         self._shutting_down = False
         self.operator = session_options.OperatorOptions(
@@ -110,14 +113,23 @@ class SessionRegistry:
         )
 
     async def load(self) -> None:
-        """Registers every session the ledger holds (none has a live process yet).
+        """Registers every session this replica owns (none has a live process yet). Sessions
+        that name no owner were made by the deployment's only server before replicas were
+        recorded: the first replica to start claims them. On an embedded ledger, which one
+        server uses, every session is this server's, whatever replica id made it.
 
         Stored options are checked again: what an older version (or a withdrawn operator opt-in)
         let through and the allowlist now refuses is not passed to the CLI any more. First,
         deletions a crash interrupted after their commit are finished: nothing of a deleted
         session is served, nor left on disk, once the server admits calls.
         """
+        me = self._ctx.replica_id
+        claimed = await self._ledger.claim_sessions(me, every=not self._config.database_url)
+        if claimed:
+            log.info("sessions claimed by this replica", count=claimed, replica_id=me)
         for tombstone in await self._ledger.unfinished_erasures():
+            if tombstone.replica != me:
+                continue  # what remains is on its owner's disk
             log.warning("finishing the erasure of a deleted session", session_id=tombstone.session_id)
             try:
                 await self._erase_files(tombstone.session_id, tombstone.erasure or {})
@@ -128,6 +140,8 @@ class SessionRegistry:
                     error=err.message,
                 )
         for record in await self._ledger.sessions():
+            if record.replica != me:
+                continue  # another replica's: calls for it are forwarded there
             options, dropped = session_options.sanitize(record.options, self.operator)
             if dropped:
                 log.warning(
@@ -149,6 +163,16 @@ class SessionRegistry:
     @property
     def workers(self) -> dict[str, SessionWorker]:
         return self._workers
+
+    async def visible(self, session_id: str, principal: Principal) -> str:
+        """`session_id`, if the session exists on any replica and `principal` may see it;
+        SESSION_NOT_FOUND otherwise (WatchRewindEvents, served by any replica from the log)."""
+        if session_id in self._workers:
+            return self.get(session_id, principal).session_id
+        record = await self._ledger.session(session_id)
+        if record is None or not principal.owns(record.principal):
+            raise SessionNotFound(session_id)
+        return session_id
 
     def get(self, session_id: str, principal: Principal | None = None) -> SessionWorker:
         """The session; to a principal that may not see it (not its owner, not admin) it does not
@@ -219,7 +243,9 @@ class SessionRegistry:
             raise InvalidArgument("cwd", f"{resolved} exists and is not a directory")
         return resolved
 
-    async def create(self, req: NewSessionRequest) -> SessionWorker:
+    async def create(self, req: NewSessionRequest, *, place: bool = False) -> SessionWorker:
+        """A new session on this replica. `place`: it may go to another replica instead
+        (--placement): Elsewhere is raised then, before anything is written."""
         options = session_options.validate(req.options, self.operator)
         _register_secrets(options)
         sid = req.session_id or str(uuid.uuid4())
@@ -232,7 +258,13 @@ class SessionRegistry:
             if request is not None:
                 existing = await self._ledger.request(request.request_id)
                 if existing is not None:
-                    return self._repeat(existing.method, existing.fingerprint, existing.session_id, request)
+                    return await self._repeat(
+                        existing.method, existing.fingerprint, existing.session_id, request
+                    )
+            if place and self.owners is not None:
+                elsewhere = await self.owners.place()
+                if elsewhere is not None:
+                    raise Elsewhere(elsewhere)
             if sid in self._workers:
                 raise SessionAlreadyExists(sid)
             if await self._ledger.tombstone(sid) is not None:
@@ -257,7 +289,7 @@ class SessionRegistry:
             except RequestIdTaken as taken:
                 assert request is not None
                 existing_request = taken.existing
-                return self._repeat(
+                return await self._repeat(
                     existing_request.method,
                     existing_request.fingerprint,
                     existing_request.session_id,
@@ -272,10 +304,17 @@ class SessionRegistry:
         log.info("session created", session_id=sid, cwd=str(workspace), checkpointing=req.checkpointing)
         return worker
 
-    def _repeat(self, method: str, fingerprint: str, session_id: str, request: NewRequest) -> SessionWorker:
-        """A retried CreateSession: the session it made, if it is the same call."""
+    async def _repeat(
+        self, method: str, fingerprint: str, session_id: str, request: NewRequest
+    ) -> SessionWorker:
+        """A retried CreateSession: the session it made, if it is the same call (on the replica
+        that made it: Elsewhere when that is another)."""
         if method != request.method or fingerprint != request.fingerprint:
             raise RequestIdReused(request.request_id)
+        if session_id not in self._workers and self.owners is not None:
+            owner = await self.owners.owner(session_id)
+            if owner is not None:
+                raise Elsewhere(owner)
         # With no session_id asked for, the retry is the first call whatever id it got.
         return self.get(session_id)
 
@@ -411,6 +450,11 @@ class SessionRegistry:
                         raise RequestIdReused(request.request_id)
                     tombstone = await self._ledger.tombstone(session_id)
                     if tombstone is not None and tombstone.erasure is not None:
+                        if tombstone.replica != self._ctx.replica_id:
+                            # What remains is on its owner's disk: the retry finishes it there.
+                            if self.owners is None:
+                                return  # its owner finishes it when it starts
+                            raise Elsewhere(await self.owners.replica(tombstone.replica))
                         await self._erase_files(session_id, tombstone.erasure)
                     return
             worker = self.get(session_id, principal)

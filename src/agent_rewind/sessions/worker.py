@@ -138,10 +138,8 @@ class SessionWorker:
 
     @property
     def replica(self) -> str:
-        """The replica that owns the session: this one. A server holds its database for itself
-        (one server per database), so it owns every session there, whichever replica id created
-        it (`record.replica`: a pod renamed, a Deployment's random names) or none (a session
-        older than the directory)."""
+        """The replica that owns the session: this one. A replica holds workers only for the
+        sessions it owns (`SessionRegistry.load`); the others forward calls here."""
         return self._ctx.replica_id
 
     @property

@@ -203,6 +203,8 @@ class Tombstone:
     # What remains to erase on disk (`erasure` of `erase_session`) until `finish_erasure`; None
     # once everything is gone.
     erasure: dict[str, Any] | None
+    # The replica that owned it: the one whose disk holds what remains to erase.
+    replica: str = ""
 
 
 class SchemaTooNew(Exception):
@@ -258,6 +260,17 @@ class Ledger(Protocol):
         self, session_id: str, *, closed: bool | None = None, started: bool | None = None
     ) -> datetime:
         """Sets update_time (and the flags given); returns the new update_time."""
+        ...
+
+    async def claim_sessions(self, replica_id: str, *, every: bool = False) -> int:
+        """Makes `replica_id` the owner of every session (deleted ones too) that names none: those
+        created before replicas were recorded, by the deployment's only server. `every`: of every
+        session not already its own (an embedded ledger, which one server uses, whatever its id
+        was when it made them). Returns how many."""
+        ...
+
+    async def session_counts(self) -> dict[str, int]:
+        """How many sessions (not deleted) each replica owns."""
         ...
 
     # Request ids

@@ -212,9 +212,6 @@ _ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "ev
 # The channel every event append NOTIFYs on commit, which the event hub of every replica LISTENs to.
 EVENTS_CHANNEL = "agent_rewind_events"
 
-# The advisory lock a server holds while it is a database's sole user ("agent-rewind", as int64).
-SOLE_USE_LOCK = 0x6167656E745F7277
-
 
 class PostgresLedger:
     """`Ledger` on a PostgreSQL database. Open with `await PostgresLedger.open(url)`."""
@@ -222,8 +219,6 @@ class PostgresLedger:
     def __init__(self, pool: AsyncConnectionPool[Connection], *, vacuum_full: bool = False) -> None:
         self._pool = pool
         self._vacuum_full = vacuum_full
-        # The connection holding the sole-use lock (`open(sole_use=True)`), for as long as it is open.
-        self._sole: AsyncConnection[Any] | None = None
         # The connection LISTENing for appended events (`wait_for_events`), opened on first use.
         self._conninfo = ""
         self._listener: AsyncConnection[Any] | None = None
@@ -239,7 +234,6 @@ class PostgresLedger:
         connection_timeout: float = 5.0,
         lock_timeout: float = 5.0,
         vacuum_full: bool = False,
-        sole_use: bool = False,
     ) -> PostgresLedger:
         """Connects, migrates the schema to the newest version, and opens a pool of connections.
 
@@ -247,12 +241,8 @@ class PostgresLedger:
         `lock_timeout`: how long a statement waits for a row another writer holds. Past either,
         StorageUnavailable. `vacuum_full`: after an erasure, VACUUM FULL the tables it touched
         instead of VACUUM (see the module's docstring). SchemaTooNew for a database written by a
-        newer version; StorageUnavailable for a server that cannot be reached.
-
-        `sole_use`: this server is the database's only user until it closes (a session-level
-        advisory lock on a connection of its own); StorageUnavailable if another holds it. One
-        replica per database until replicas own sessions and forward calls to each other: two
-        servers loading the same sessions would each start their agents."""
+        newer version; StorageUnavailable for a server that cannot be reached. Every replica
+        of a deployment opens the same database (each loads only the sessions it owns)."""
         params = conninfo_to_dict(url)
         params.setdefault("connect_timeout", max(2, int(connection_timeout)))
         conninfo = make_conninfo("", **params)
@@ -300,27 +290,7 @@ class PostgresLedger:
             raise
         ledger = cls(pool, vacuum_full=vacuum_full)
         ledger._conninfo = conninfo
-        if sole_use:
-            try:
-                await ledger._claim_sole_use(conninfo)
-            except BaseException:
-                await ledger.close()
-                raise
         return ledger
-
-    async def _claim_sole_use(self, conninfo: str) -> None:
-        try:
-            conn = await AsyncConnection.connect(conninfo, autocommit=True)
-            row = await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (SOLE_USE_LOCK,))).fetchone()
-        except psycopg.OperationalError as err:
-            raise StorageUnavailable(str(err)) from err
-        if not row or not row[0]:
-            await conn.close()
-            raise StorageUnavailable(
-                "another agent-rewind server uses this database: one server per database until "
-                "replicas own sessions and forward calls (docs/operations.md)"
-            )
-        self._sole = conn
 
     async def schema_version(self) -> int:
         rows = await self._rows("SELECT version FROM agent_rewind_schema")
@@ -328,11 +298,10 @@ class PostgresLedger:
 
     async def close(self) -> None:
         await self._pool.close()
-        for conn in (self._sole, self._listener):
-            if conn is not None:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.close()
-        self._sole = self._listener = None
+        if self._listener is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._listener.close()
+        self._listener = None
 
     async def wait_for_events(self, seconds: float) -> None:
         """Waits for a NOTIFY on EVENTS_CHANNEL (every append sends one on commit) on a
@@ -542,6 +511,22 @@ class PostgresLedger:
             "SELECT * FROM sessions WHERE deleted_time IS NULL ORDER BY create_time, session_id"
         )
         return [_session(r) for r in rows]
+
+    async def claim_sessions(self, replica_id: str, *, every: bool = False) -> int:
+        claimed = "replica <> %s" if every else "replica = ''"
+        args = (replica_id, replica_id) if every else (replica_id,)
+
+        async def claim(db: Connection) -> int:
+            cursor = await db.execute(f"UPDATE sessions SET replica = %s WHERE {claimed}", args)
+            return cursor.rowcount
+
+        return await self._write(claim)
+
+    async def session_counts(self) -> dict[str, int]:
+        rows = await self._rows(
+            "SELECT replica, COUNT(*) AS n FROM sessions WHERE deleted_time IS NULL GROUP BY replica"
+        )
+        return {r["replica"]: int(r["n"]) for r in rows}
 
     async def touch_session(
         self, session_id: str, *, closed: bool | None = None, started: bool | None = None
@@ -970,6 +955,7 @@ def _tombstone(row: DictRow) -> Tombstone:
         create_time=_time(row["create_time"]),
         deleted_time=_time(row["deleted_time"]),
         erasure=row["erasure"],
+        replica=row["replica"],
     )
 
 

@@ -408,6 +408,21 @@ class SqliteLedger:
         )
         return [self._session(r) for r in rows]
 
+    async def claim_sessions(self, replica_id: str, *, every: bool = False) -> int:
+        claimed = "replica != ?" if every else "replica = ''"
+        args = (replica_id, replica_id) if every else (replica_id,)
+
+        def claim(db: sqlite3.Connection) -> int:
+            return db.execute(f"UPDATE sessions SET replica = ? WHERE {claimed}", args).rowcount
+
+        return await self._write(claim)
+
+    async def session_counts(self) -> dict[str, int]:
+        rows = self._rows(
+            "SELECT replica, COUNT(*) AS n FROM sessions WHERE deleted_time IS NULL GROUP BY replica"
+        )
+        return {r["replica"]: int(r["n"]) for r in rows}
+
     async def touch_session(
         self, session_id: str, *, closed: bool | None = None, started: bool | None = None
     ) -> datetime:
@@ -753,6 +768,7 @@ class SqliteLedger:
             create_time=_time(row["create_time"]),
             deleted_time=_time(row["deleted_time"]),
             erasure=_loads(row["erasure_json"]) if row["erasure_json"] else None,
+            replica=row["replica"],
         )
 
     async def tombstone(self, session_id: str) -> Tombstone | None:

@@ -506,6 +506,23 @@ async def test_a_session_names_the_replica_that_owns_it(ledger: Ledger) -> None:
     )
 
 
+async def test_sessions_that_name_no_replica_are_claimed_once_and_counted_by_owner(ledger: Ledger) -> None:
+    third = "2d9f5e3a-7c0f-4f8a-9b32-4c5d6e7f8091"
+    await ledger.add_session(_session(replica="pod-0"))
+    await ledger.add_session(_session(OTHER))  # from before replicas were recorded
+    await ledger.add_session(_session(third))
+    await ledger.erase_session(third, _deleted())  # a tombstone names its owner too
+    assert await ledger.session_counts() == {"pod-0": 1, "": 1}
+    assert await ledger.claim_sessions("pod-1") == 2
+    assert await ledger.claim_sessions("pod-2") == 0, "claimed once: a second replica finds none"
+    assert await ledger.session_counts() == {"pod-0": 1, "pod-1": 1}
+    tombstone = await ledger.tombstone(third)
+    assert tombstone is not None and tombstone.replica == "pod-1"
+    # An embedded ledger's only server claims every session, whatever id made it.
+    assert await ledger.claim_sessions("pod-1", every=True) == 1
+    assert await ledger.session_counts() == {"pod-1": 2}
+
+
 async def test_a_fenced_ledger_refuses_every_write_once_another_incarnation_registered(
     ledger: Ledger,
 ) -> None:

@@ -468,20 +468,6 @@ async def test_with_vacuum_full_an_erased_session_s_text_is_in_none_of_the_table
         await ledger.close()
 
 
-async def test_a_sole_user_keeps_every_other_server_out_until_it_closes(postgres_url: str) -> None:
-    first = await PostgresLedger.open(postgres_url, sole_use=True)
-    try:
-        with pytest.raises(StorageUnavailable, match="another agent-rewind server uses this database"):
-            await PostgresLedger.open(postgres_url, sole_use=True)
-        # A tool that is not a server (a backup, an inspection) may still open it.
-        reader = await PostgresLedger.open(postgres_url)
-        await reader.close()
-    finally:
-        await first.close()
-    second = await PostgresLedger.open(postgres_url, sole_use=True)
-    await second.close()
-
-
 async def test_an_append_by_another_replica_wakes_a_waiting_one_at_once(postgres_url: str) -> None:
     """The event hub waits in `wait_for_events` between reads of the log: an append anywhere
     (NOTIFY on commit) ends the wait, rather than the poll's timeout."""

@@ -1,0 +1,157 @@
+"""Calls for a session another replica owns, forwarded to that replica (API.md, "Many replicas").
+
+Any replica accepts any call; one for a session it does not hold goes to the session's owner
+(`replicas.Owners`) as the same request, unary or streaming, with:
+- the caller's principal, authenticated here, and the deployment's replica secret (rpc/auth.py),
+  over TLS when the replicas serve TLS (presenting this replica's certificate, for mTLS);
+- the caller's deadline, what remains of it;
+- the caller's cancellation: a caller that hangs up cancels the forwarded call.
+
+The owner's answer comes back as it is: its messages as bytes, never decoded here, and its
+error status with its details. An owner that cannot be reached is REPLICA_UNAVAILABLE, naming
+it. A forwarded call is never forwarded again: a replica that receives one for a session it does
+not hold answers REPLICA_UNAVAILABLE (the session's owner changed meanwhile; the caller retries).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import structlog
+
+from agent_rewind import metrics
+from agent_rewind.errors import ReplicaUnavailable
+from agent_rewind.replicas import Owners
+from agent_rewind.rpc.auth import FORWARDED_BY, PRINCIPAL, REPLICA_SECRET, current
+from agent_rewind.store.ledger import ReplicaRecord
+
+log = structlog.get_logger(__name__)
+
+# The trailer that holds a status's details (google.rpc.Status): passed back as it came.
+_DETAILS = "grpc-status-details-bin"
+
+
+class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):  # type: ignore[misc]
+    """The owner's status, to abort the caller's call with."""
+
+
+class Relayed(Exception):
+    """The owner's error status, which becomes the caller's as it is (rpc/handlers.py)."""
+
+    def __init__(self, status: grpc.Status) -> None:
+        super().__init__(f"{status.code.name}: {status.details}")
+        self.status = status
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _serialize(message: Any) -> bytes:
+    encoded: bytes = message.SerializeToString()
+    return encoded
+
+
+class Forwarder:
+    """Channels to the other replicas, one per address, and the forwarding of calls on them."""
+
+    def __init__(
+        self,
+        owners: Owners,
+        secret: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
+        self.owners = owners
+        self._secret = secret
+        self._credentials = credentials
+        self._options = options
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            if self._credentials is not None:
+                channel = grpc.aio.secure_channel(address, self._credentials, options=self._options)
+            else:
+                channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[address] = channel
+        return channel
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return (
+            (FORWARDED_BY, self.owners.replica_id),
+            (PRINCIPAL, current().name),
+            (REPLICA_SECRET, self._secret),
+        )
+
+    async def unary(
+        self,
+        path: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        to: ReplicaRecord,
+        session_id: str = "",
+    ) -> bytes:
+        """The owner's answer to `request` (its bytes), or its status on `context`."""
+        call = self._channel(to.address).unary_unary(
+            path, request_serializer=_serialize, response_deserializer=_identity
+        )(request, timeout=context.time_remaining(), metadata=self._metadata())
+        started = time.perf_counter()
+        try:
+            response: bytes = await call  # cancelled with the caller's call
+            return response
+        except grpc.aio.AioRpcError as err:
+            raise await self._failure(err, to, session_id) from None
+        finally:
+            _count(path, started)
+
+    async def stream(
+        self,
+        path: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        to: ReplicaRecord,
+        session_id: str = "",
+    ) -> AsyncIterator[bytes]:
+        """The owner's messages for `request`, as they come; then its status on `context`."""
+        call = self._channel(to.address).unary_stream(
+            path, request_serializer=_serialize, response_deserializer=_identity
+        )(request, timeout=context.time_remaining(), metadata=self._metadata())
+        started = time.perf_counter()
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            raise await self._failure(err, to, session_id) from None
+        finally:
+            call.cancel()  # the caller hung up, or the stream ended: nothing stays open there
+            _count(path, started)
+
+    async def _failure(self, err: grpc.aio.AioRpcError, to: ReplicaRecord, session_id: str) -> Exception:
+        """What the caller is told of a forwarded call that failed."""
+        if session_id:
+            self.owners.forget(session_id)  # asked of the ledger again next time
+        details = tuple((k, v) for k, v in (err.trailing_metadata() or ()) if k == _DETAILS)
+        if details:  # the owner answered (any error of the contract): as it said it
+            return Relayed(_Status(err.code(), err.details() or "", details))
+        if err.code() == grpc.StatusCode.UNAVAILABLE:
+            await self.owners.forget_address(to.replica_id)
+            return ReplicaUnavailable(to.replica_id, f"it cannot be reached at {to.address}: {err.details()}")
+        # The caller's deadline passed, or the transport said something of its own: as it is.
+        return Relayed(_Status(err.code(), err.details() or "", ()))
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
+def _count(path: str, started: float) -> None:
+    method = path.rsplit("/", 1)[-1]
+    metrics.FORWARDED_RPCS.labels(method).inc()
+    metrics.FORWARDED_RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
