@@ -300,17 +300,17 @@ async def test_checkpoints_older_than_the_window_are_refused_as_unavailable(tmp_
 async def test_a_crash_between_the_halves_is_finished_on_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent_rewind.store.sqlite import SqliteLedger
-
     async with serve(tmp_path) as c:
         sid, cwd, ids = await _three_turns(c)
         rid = str(uuid.uuid4())
+        assert c.running is not None
+        ledger = type(c.running.ledger)  # the session owner's (test_rewind_replicated.py: PostgreSQL)
 
         async def crash(*args: object, **kwargs: object) -> None:
             raise RuntimeError("simulated crash after the files half")
 
         with monkeypatch.context() as patch:
-            patch.setattr(SqliteLedger, "complete_rewind", crash)
+            patch.setattr(ledger, "complete_rewind", crash)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.rewind(sid, ids[1], BOTH, request_id=rid)
         assert err.value.code() == grpc.StatusCode.INTERNAL
@@ -485,17 +485,17 @@ async def test_not_a_rewind_point_names_what_the_message_is(tmp_path: Path) -> N
 async def test_a_crash_after_the_files_half_is_finished_without_restoring_the_files_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent_rewind.store.sqlite import SqliteLedger
-
     async with serve(tmp_path) as c:
         sid, cwd, ids = await _three_turns(c)
         rid = str(uuid.uuid4())
+        assert c.running is not None
+        ledger = type(c.running.ledger)  # the session owner's (test_rewind_replicated.py: PostgreSQL)
 
         async def crash(*args: object, **kwargs: object) -> None:
             raise RuntimeError("simulated crash after the files half")
 
         with monkeypatch.context() as patch:
-            patch.setattr(SqliteLedger, "complete_rewind", crash)
+            patch.setattr(ledger, "complete_rewind", crash)
             with pytest.raises(grpc.aio.AioRpcError):
                 await c.rewind(sid, ids[1], BOTH, request_id=rid)
         assert read(cwd / "a.txt") == "v0\n"

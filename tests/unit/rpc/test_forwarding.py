@@ -1,0 +1,216 @@
+"""Forwarding (rpc/forwarding.py) between two real gRPC servers on loopback: a front replica whose
+servicer owns nothing, and an owner that records what reached it. The front runs the real
+handlers (rpc/handlers.py) and the real authenticator; the owner is a stand-in for the service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+
+from agent_rewind.access import LOCAL
+from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
+from agent_rewind.errors import SessionNotFound
+from agent_rewind.rpc import registration
+from agent_rewind.rpc.auth import FORWARDED_BY, PRINCIPAL, REPLICA_SECRET, Authenticator
+from agent_rewind.rpc.errors import to_status
+from agent_rewind.rpc.forwarding import Forwarder
+from agent_rewind.rpc.handlers import streaming, unary
+from agent_rewind.server import SESSION_SERVICE
+from agent_rewind.store.ledger import ReplicaRecord
+
+SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
+SECRET = "s3cret"
+
+
+@dataclass
+class _Owners:
+    """Every session is the owner's; what the forwarder forgot is kept."""
+
+    to: ReplicaRecord
+    replica_id: str = "front"
+    forgotten: list[str] = field(default_factory=list)
+    addresses_forgotten: list[str] = field(default_factory=list)
+
+    async def owner(self, session_id: str) -> ReplicaRecord:
+        return self.to
+
+    def forget(self, session_id: str) -> None:
+        self.forgotten.append(session_id)
+
+    async def forget_address(self, replica_id: str) -> None:
+        self.addresses_forgotten.append(replica_id)
+
+
+class _Front(session_service_pb2_grpc.SessionServiceServicer):
+    """A replica that owns no session: the real handlers forward every routed call."""
+
+    service = SESSION_SERVICE.full_name
+
+    def __init__(self, forwarder: Forwarder) -> None:
+        self.forwarder = forwarder
+        self.auth = Authenticator(None, replica_secret=SECRET)
+
+    @unary
+    async def GetSession(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        raise AssertionError("answered here: it should have been forwarded")
+
+    @streaming
+    async def Prompt(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
+        raise AssertionError("answered here: it should have been forwarded")
+        yield
+
+
+@dataclass
+class _Owner:
+    """What reached the owner: each call's metadata and remaining time, and how streams ended."""
+
+    calls: list[tuple[dict[str, str], float | None]] = field(default_factory=list)
+    stream_ended: asyncio.Event = field(default_factory=asyncio.Event)
+    stream_cancelled: bool = False
+    fail_with: Exception | None = None
+
+    def _record(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        self.calls.append((metadata, context.time_remaining()))
+
+    async def get(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._record(context)
+        if isinstance(self.fail_with, SessionNotFound):
+            await context.abort_with_status(rpc_status.to_status(to_status(self.fail_with)))
+        asked = session_service_pb2.GetSessionRequest.FromString(request)
+        return session_pb2.Session(session_id=asked.session_id, replica="owner").SerializeToString()
+
+    async def prompt(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        self._record(context)
+        try:
+            for i in range(1000):
+                yield session_pb2.TurnEvent(session_id=SID, message_id=f"part {i}").SerializeToString()
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            self.stream_cancelled = True
+            raise
+        finally:
+            self.stream_ended.set()
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[grpc.aio.Channel, _Owner, _Owners]]:
+    owner = _Owner()
+    back = grpc.aio.server()
+    back.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SESSION_SERVICE.full_name,
+                {
+                    "GetSession": grpc.unary_unary_rpc_method_handler(
+                        owner.get, request_deserializer=_identity, response_serializer=_identity
+                    ),
+                    "Prompt": grpc.unary_stream_rpc_method_handler(
+                        owner.prompt, request_deserializer=_identity, response_serializer=_identity
+                    ),
+                },
+            ),
+        )
+    )
+    back_port = back.add_insecure_port("127.0.0.1:0")
+    await back.start()
+    to = ReplicaRecord("owner", f"127.0.0.1:{back_port}", 1, datetime.now(UTC), True)
+    owners = _Owners(to)
+    forwarder = Forwarder(owners, SECRET)  # type: ignore[arg-type]
+    front = grpc.aio.server()
+    registration.add(front, SESSION_SERVICE, _Front(forwarder))
+    front_port = front.add_insecure_port("127.0.0.1:0")
+    await front.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{front_port}")
+    try:
+        yield channel, owner, owners
+    finally:
+        await channel.close()
+        await forwarder.close()
+        await front.stop(0)
+        await back.stop(0)
+
+
+async def test_a_unary_call_reaches_the_owner_with_principal_secret_and_deadline(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    channel, owner, _ = pair
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    got = await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID), timeout=7)
+    assert (got.session_id, got.replica) == (SID, "owner")
+    ((metadata, remaining),) = owner.calls
+    assert (metadata[FORWARDED_BY], metadata[PRINCIPAL], metadata[REPLICA_SECRET]) == (
+        "front",
+        LOCAL.name,
+        SECRET,
+    )
+    assert remaining is not None and 5 < remaining <= 7, "what remains of the caller's deadline"
+
+
+async def test_the_owners_error_comes_back_whole_and_its_owner_is_asked_again_next_time(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    channel, owner, owners = pair
+    owner.fail_with = SessionNotFound(SID)
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
+    assert status is not None and "SESSION_NOT_FOUND" in str(status.details[0].value)
+    assert owners.forgotten == [SID]
+
+
+async def test_an_owner_that_cannot_be_reached_is_replica_unavailable_naming_it(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    channel, _, owners = pair
+    owners.to = ReplicaRecord("gone", "127.0.0.1:1", 1, datetime.now(UTC), True)  # nothing listens
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    status = rpc_status.from_call(err.value)  # type: ignore[arg-type]
+    assert status is not None
+    text = str(status.details[0].value)
+    assert "REPLICA_UNAVAILABLE" in text and "gone" in text
+    assert owners.addresses_forgotten == ["gone"], "the directory is read again for the next call"
+
+
+async def test_a_caller_that_hangs_up_on_a_stream_cancels_the_forwarded_one(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    channel, owner, _ = pair
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    call = stub.Prompt(session_service_pb2.PromptRequest(session_id=SID, text="hi"))
+    seen = [await call.read() for _ in range(3)]
+    assert [e.message_id for e in seen] == ["part 0", "part 1", "part 2"]
+    call.cancel()
+    await asyncio.wait_for(owner.stream_ended.wait(), 10)
+    assert owner.stream_cancelled, "the owner's stream was cancelled, not left running"
+
+
+async def test_a_forwarded_call_without_the_replica_secret_is_unauthenticated(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    channel, owner, _ = pair
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    for secret in ("", "guess"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetSession(
+                session_service_pb2.GetSessionRequest(session_id=SID),
+                metadata=((FORWARDED_BY, "mallory"), (PRINCIPAL, "admin"), (REPLICA_SECRET, secret)),
+            )
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert owner.calls == [], "nothing was forwarded"
