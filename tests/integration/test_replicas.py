@@ -7,17 +7,27 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
-from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2, session_service_pb2
+from agent_rewind.api.v1 import (
+    rewind_pb2,
+    rewind_service_pb2,
+    session_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
+from agent_rewind.rpc.auth import FORWARDED_BY, PRINCIPAL, REPLICA_SECRET
 from agent_rewind.server import start
+from agent_rewind.testing.server_process import ServerProcess
 from tests.integration.harness import (
     BOTH,
     FILES,
     Client,
     bad_request,
+    client_of,
     error_info,
     prompt_id,
     read,
@@ -229,3 +239,123 @@ async def test_an_owner_that_stopped_is_replica_unavailable_and_its_sessions_ret
             assert read(Path(session.cwd) / "b.txt") == "after\n"
         finally:
             await back.stop(grace=2)
+
+
+async def _until(call: Any, within: float = 30.0) -> Any:
+    """`call()` once the owner answers again: a replica that came back at a new address (a new
+    port, on loopback) is found in the directory after the first call that missed it."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as err:
+            if (
+                error_info(err).reason != "REPLICA_UNAVAILABLE"
+                or asyncio.get_running_loop().time() > deadline
+            ):
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def test_an_owner_killed_mid_turn_is_replica_unavailable_then_back_with_nothing_lost(
+    tmp_path: Path, database: str
+) -> None:
+    def replica(i: int) -> ServerProcess:
+        args = ["--database-url", database, "--replica-id", f"replica-{i}"]
+        return ServerProcess(tmp_path / f"replica-{i}", args=args)
+
+    owner, other = replica(0), replica(1)
+    try:
+        await owner.start()
+        await other.start()
+        a, b = client_of(owner), client_of(other)
+        session = await a.create()
+        sid = session.session_id
+        ids = [prompt_id(await b.prompt(sid, f"write a.txt v{i}")) for i in range(2)]
+        rewound = await b.rewind(sid, ids[0], FILES)
+        turn = b.sessions.Prompt(
+            session_service_pb2.PromptRequest(session_id=sid, text="sleep 60\nwrite late.txt never")
+        )
+        assert (await turn.read()).HasField("user_prompt"), "the turn runs on the owner"
+        owner.kill()  # SIGKILL, with its CLI processes
+        with pytest.raises(grpc.aio.AioRpcError) as cut:
+            while await turn.read() != grpc.aio.EOF:
+                pass
+        assert cut.value.code() == grpc.StatusCode.UNAVAILABLE
+        info = error_info(cut.value)
+        assert (info.reason, dict(info.metadata)) == ("REPLICA_UNAVAILABLE", {"replica": "replica-0"})
+        for call in (b.get(sid), b.points(sid), b.rewind(sid, ids[1], FILES)):
+            with pytest.raises(grpc.aio.AioRpcError) as down:
+                await call
+            info = error_info(down.value)
+            assert (info.reason, dict(info.metadata)) == ("REPLICA_UNAVAILABLE", {"replica": "replica-0"})
+        await owner.start()
+        back = await _until(lambda: b.get(sid))
+        assert back.replica == "replica-0" and back.state != session_pb2.SESSION_STATE_RUNNING
+        assert [p.message_id for p in await b.all_points(sid)][:2] == ids
+        assert [e.rewind_id for e in await b.events(sid)] == [rewound.rewind_id], "no event lost"
+        assert read(Path(session.cwd) / "late.txt") is None, "the cut turn is not run again"
+        again = await b.rewind(sid, ids[1], FILES)
+        assert again.files.can_rewind and read(Path(session.cwd) / "a.txt") == "v0\n"  # before ids[1]
+        assert [e.rewind_id for e in await b.events(sid)] == [rewound.rewind_id, again.rewind_id]
+    finally:
+        await other.close()
+        await owner.close()
+
+
+async def test_replicas_forward_over_mutual_tls_with_the_callers_principal_not_their_own(
+    tmp_path: Path, database: str
+) -> None:
+    from tests.integration.test_auth import ALL, _access, _cert, _key_pem, _pem
+
+    ca = _cert("test ca", None, ca=True)
+    server = _cert("localhost", ca, host=True)  # every replica's: it names localhost
+    people = {name: _cert(f"{name}.svc", ca) for name in ("alice", "bob")}
+    for name, content in {
+        "ca.pem": _pem(ca[0]),
+        "server.pem": _pem(server[0]),
+        "server.key": _key_pem(server[1]),
+    }.items():
+        (tmp_path / name).write_bytes(content)
+    access = _access(
+        tmp_path / "access.json", {"alice": ALL, "bob": ALL}, {}, {n: f"{n}.svc" for n in people}
+    )
+    async with replicas(
+        tmp_path / "state",
+        database,
+        count=2,
+        access_file=access,
+        tls_cert=tmp_path / "server.pem",
+        tls_key=tmp_path / "server.key",
+        tls_client_ca=tmp_path / "ca.pem",
+        advertise_address="localhost:0",  # the name the certificate gives (its port: the bound one)
+    ) as (a, b):
+
+        def stubs(replica: Client, who: str) -> tuple[Any, grpc.aio.Channel]:
+            assert replica.running is not None
+            cert, key = people[who]
+            credentials = grpc.ssl_channel_credentials(_pem(ca[0]), _key_pem(key), _pem(cert))
+            channel = grpc.aio.secure_channel(f"localhost:{replica.running.port}", credentials)
+            return session_service_pb2_grpc.SessionServiceStub(channel), channel
+
+        alice_a, ch1 = stubs(a, "alice")
+        alice_b, ch2 = stubs(b, "alice")
+        bob_b, ch3 = stubs(b, "bob")
+        try:
+            session = await alice_a.CreateSession(session_service_pb2.CreateSessionRequest())
+            sid = session.session_id
+            get = session_service_pb2.GetSessionRequest(session_id=sid)
+            got = await alice_b.GetSession(get)  # forwarded to replica-0 over mutual TLS
+            assert (got.principal, got.replica) == ("alice", "replica-0")
+            with pytest.raises(grpc.aio.AioRpcError) as foreign:
+                await bob_b.GetSession(get)  # forwarded as bob, not as replica-1
+            assert error_info(foreign.value).reason == "SESSION_NOT_FOUND"
+            with pytest.raises(grpc.aio.AioRpcError) as forged:
+                await alice_b.GetSession(
+                    get,
+                    metadata=((FORWARDED_BY, "replica-0"), (PRINCIPAL, "bob"), (REPLICA_SECRET, "guess")),
+                )
+            assert error_info(forged.value).reason == "UNAUTHENTICATED"
+        finally:
+            for channel in (ch1, ch2, ch3):
+                await channel.close()
