@@ -45,6 +45,9 @@ class Config:
     # Where CreateSession puts a new session: "local" (the replica that got the call) or
     # "least-loaded" (the replica owning the fewest sessions).
     placement: Literal["local", "least-loaded"] = "local"
+    # Every replica mounts the same state dir and workspace roots, at the same paths (one
+    # ReadWriteMany volume): a replica takes over the sessions of one whose lease ran out.
+    shared_storage: bool = False
     model: ModelBackend = "auto"
     # Seconds a running turn gets to finish when the server is told to stop.
     shutdown_grace: float = 10.0
@@ -337,6 +340,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "where CreateSession puts a new session: on the replica that got the call, or on the "
         "replica owning the fewest sessions (ties stay where the call arrived)",
         choices=("local", "least-loaded"),
+    ),
+    Flag(
+        "--shared-storage",
+        "shared_storage",
+        "every replica mounts the same state dir and workspace roots at the same paths: a replica "
+        "takes over the sessions of one whose lease ran out (with a PostgreSQL database only)",
+        switch=True,
     ),
     Flag(
         "--database-url",

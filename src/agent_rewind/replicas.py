@@ -8,6 +8,12 @@ then on, and so is every ledger write it makes (`Ledger.fence`): it is fenced of
 in its log and on its health. Leases run by the database's clock (PostgreSQL's), so the
 replicas' clocks need not agree. A ledger that cannot be reached
 leaves the lease to run out: the heartbeat tries again at its next beat.
+
+Where every replica mounts the same storage (--shared-storage), a replica whose lease ran out
+is taken over by the first other replica to see it at its heartbeat: in one transaction, the
+dead one is fenced off (a new epoch) and its sessions become the taker's (`Ledger.take_over`).
+A replica that could not renew its lease for two thirds of it then gives up before anyone can
+take over (`on_lease_lost`): it ends its agents, so two replicas never run one session.
 """
 
 from __future__ import annotations
@@ -35,8 +41,14 @@ class Membership:
         address: str,
         lease_s: float,
         on_fenced: Callable[[], Awaitable[None]] | None = None,
+        *,
+        on_lease_lost: Callable[[], Awaitable[None]] | None = None,
+        take_over: Callable[[str, list[str]], Awaitable[None]] | None = None,
     ) -> None:
-        """`on_fenced`: called once when a renewal finds this incarnation fenced off."""
+        """`on_fenced`: called once when a renewal finds this incarnation fenced off.
+        `on_lease_lost`: called once when no renewal succeeded for two thirds of the lease.
+        `take_over`: given, this replica takes over replicas whose lease ran out and hands it
+        each one's id and the sessions it took."""
         self.replica_id = replica_id
         self.address = address
         self.lease_s = lease_s
@@ -45,6 +57,12 @@ class Membership:
         self.fenced = False
         self._ledger = ledger
         self.on_fenced = on_fenced
+        self.on_lease_lost = on_lease_lost
+        self.take_over = take_over
+        # When the last renewal that succeeded was sent (the loop's clock): the lease runs at
+        # least until then plus its length, by the database's clock.
+        self._renewed_at = 0.0
+        self.lease_lost = False
         self._heartbeat: asyncio.Task[None] | None = None
         # Replicas whose lease was current at the last beat (GetCapabilities.replicas).
         self.alive = 1
@@ -54,7 +72,9 @@ class Membership:
     async def join(self) -> ReplicaRecord:
         """Registers this replica (a new epoch), fences the ledger's writes with that epoch, and
         starts the heartbeat."""
+        sent = asyncio.get_running_loop().time()
         record = await self._ledger.register_replica(self.replica_id, self.address, self.lease_s)
+        self._renewed_at = sent
         self.epoch = record.epoch
         self.fenced = False
         self._ledger.fence(self.replica_id, self.epoch)
@@ -91,16 +111,57 @@ class Membership:
         return True
 
     async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.lease_s / 3)
+            sent = loop.time()
             try:
-                if not await self.renew():
+                # Bounded, so a hung connection cannot hold the beat past the lease.
+                if not await asyncio.wait_for(self.renew(), self.lease_s / 6):
                     return
+                self._renewed_at = sent
+                self.lease_lost = False
                 await self._count()
+                if self.take_over is not None:
+                    await self._take_over_the_dead()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # the ledger is away: the lease runs; try at the next beat
-                log.warning("replica heartbeat failed (renewing, or counting the replicas)", error=str(err))
+                log.warning(
+                    "replica heartbeat failed (renewing, or counting the replicas)",
+                    error=str(err) or repr(err),
+                )
+                if loop.time() - self._renewed_at >= self.lease_s * 2 / 3 and not self.lease_lost:
+                    self.lease_lost = True
+                    log.error(
+                        "this replica's lease was not renewed for two thirds of it; it may run out",
+                        replica_id=self.replica_id,
+                    )
+                    if self.on_lease_lost is not None:
+                        await self.on_lease_lost()
+                        return  # it gives up (its sessions may be taken over): no more beats
+
+    async def _take_over_the_dead(self) -> None:
+        """Takes over each replica whose lease ran out while it still owns sessions."""
+        assert self.take_over is not None
+        dead = [
+            r.replica_id for r in self.directory.values() if not r.alive and r.replica_id != self.replica_id
+        ]
+        if not dead:
+            return
+        owning = await self._ledger.session_counts()
+        for replica_id in dead:
+            if not owning.get(replica_id):
+                continue
+            taken = await self._ledger.take_over(replica_id, self.replica_id)
+            if taken is None:
+                continue  # it came back meanwhile
+            log.warning(
+                "took over the sessions of a replica whose lease ran out",
+                replica_id=replica_id,
+                sessions=len(taken),
+            )
+            await self.take_over(replica_id, taken)
 
     async def replicas(self) -> list[ReplicaRecord]:
         """Every replica of the deployment whose lease is current."""

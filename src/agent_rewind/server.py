@@ -262,6 +262,11 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 
 
+def check_replicas(config: Config) -> None:
+    if config.shared_storage and not config.database_url:
+        raise StartError("--shared-storage is for replicas sharing a database: it needs --database-url")
+
+
 def check_transport(config: Config) -> None:
     """Beyond loopback, callers must authenticate over TLS, unless the operator says --insecure."""
     if (config.tls_cert is None) != (config.tls_key is None):
@@ -316,6 +321,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     for variable in CREDENTIAL_VARIABLES:
         logs.secret(os.environ.get(variable, ""))
     check_transport(config)
+    check_replicas(config)
     try:
         access = AccessFile(config.access_file) if config.access_file is not None else None
         credentials = _credentials(config)
@@ -425,11 +431,23 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    async def fenced() -> None:  # another process registered as this replica: stop taking calls
+    async def give_up() -> None:
+        """Fenced off (another process registered as this replica, or took its sessions over),
+        or, on shared storage, a lease it could not renew: it stops taking calls and ends every
+        agent now, so that no session runs on two replicas. Its health stays NOT_SERVING (in
+        Kubernetes, the liveness probe restarts it)."""
         for name in (*SERVICE_NAMES, ""):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await registry.shutdown(0)
 
-    membership.on_fenced = fenced
+    async def take_over(replica_id: str, session_ids: list[str]) -> None:
+        adopted = await registry.adopt(session_ids)
+        await engine.recover({worker.session_id: worker for worker in adopted})
+
+    membership.on_fenced = give_up
+    if config.shared_storage:
+        membership.on_lease_lost = give_up
+        membership.take_over = take_over
     if membership.address.endswith(":0"):  # an ephemeral port: the one bound
         membership.address = f"{membership.address.rpartition(':')[0]}:{port}"
     side = SidePorts()

@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
+from agent_rewind.errors import ReplicaUnavailable
 from tests.integration.harness import BOTH, FILES, error_info, prompt_id, read, serve
 from tests.pgserver_fixture import PostgresServer
 
@@ -68,6 +69,7 @@ async def test_a_replica_registers_with_a_lease_owns_what_it_creates_and_retires
         session = await c.create()
         assert session.replica == "pod-0"
         assert c.running is not None and c.running.membership is not None
+        assert c.running.registry.workers[session.session_id].client_pid is not None, "a live agent"
         # Another process registers as pod-0 (a replica restarted while this one still runs):
         # this one's next renewal is refused, and it knows it is fenced off.
         ledger = await PostgresLedger.open(database)
@@ -77,14 +79,17 @@ async def test_a_replica_registers_with_a_lease_owns_what_it_creates_and_retires
             await ledger.close()
         assert not await c.running.membership.renew()
         assert c.running.membership.fenced
-        # Fenced off: it stops taking calls, and whatever would write is refused, writing nothing.
+        # Fenced off: it stops taking calls and ends its agents (the session may run elsewhere
+        # now), and whatever would write is refused, writing nothing.
         health = await health_pb2_grpc.HealthStub(c.channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert c.running.registry.workers[session.session_id].client_pid is None, "its agent ended"
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await c.create()
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        info = error_info(refused.value)
-        assert (info.reason, dict(info.metadata)) == ("REPLICA_UNAVAILABLE", {"replica": "pod-0"})
+        assert error_info(refused.value).reason == "SHUTTING_DOWN", "retry on another replica"
+        with pytest.raises(ReplicaUnavailable):
+            await c.running.ledger.touch_session(session.session_id)
         listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
         assert session.session_id in [s.session_id for s in listed.sessions]  # reads still answer
     # A fenced replica leaves the newer incarnation's lease alone.

@@ -4,6 +4,8 @@ any replica answers any call, forwarding it to the replica that owns the session
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_rewind.api.v1 import (
     rewind_pb2,
@@ -359,3 +362,71 @@ async def test_replicas_forward_over_mutual_tls_with_the_callers_principal_not_t
         finally:
             for channel in (ch1, ch2, ch3):
                 await channel.close()
+
+
+async def test_on_shared_storage_a_replica_takes_over_a_dead_ones_sessions_and_the_old_owner_steps_aside(
+    tmp_path: Path, database: str
+) -> None:
+    """replica-0 freezes (SIGSTOP: a paused VM, a partition) with its agents; once its lease
+    has run out, replica-1 takes its sessions over from the shared storage and serves them.
+    replica-0 resumes (SIGCONT) fenced off: it ends its agents and reports NOT_SERVING, and
+    the session stays replica-1's, with nothing lost."""
+    shared = tmp_path / "shared"
+    lease = 3.0
+
+    def replica(i: int) -> ServerProcess:
+        args = ["--database-url", database, "--replica-id", f"replica-{i}", "--shared-storage"]
+        args += ["--replica-lease", str(lease), "--state-dir", str(shared)]
+        return ServerProcess(tmp_path / f"replica-{i}", args=args)  # (its log there)
+
+    owner, other = replica(0), replica(1)
+    try:
+        await owner.start()
+        await other.start()
+        a, b = client_of(owner), client_of(other)
+        session = await a.create()
+        sid = session.session_id
+        ids = [prompt_id(await b.prompt(sid, f"write a.txt v{i}")) for i in range(2)]
+        rewound = await b.rewind(sid, ids[0], FILES)
+        assert owner.proc is not None
+        os.killpg(owner.proc.pid, signal.SIGSTOP)
+        frozen = asyncio.get_running_loop().time()
+        deadline = frozen + 30
+        while True:
+            try:
+                if (
+                    await b.sessions.GetSession(
+                        session_service_pb2.GetSessionRequest(session_id=sid), timeout=2
+                    )
+                ).replica == "replica-1":
+                    break
+            except grpc.aio.AioRpcError as err:
+                assert err.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            assert asyncio.get_running_loop().time() < deadline, "never taken over"
+            await asyncio.sleep(0.2)
+        took = asyncio.get_running_loop().time() - frozen
+        print(f"taken over {took:.1f} s after the owner froze (lease {lease} s)")
+        assert [p.message_id for p in await b.all_points(sid)] == ids
+        assert [e.rewind_id for e in await b.events(sid)] == [rewound.rewind_id]
+        await b.prompt(sid, "write b.txt taken")  # its agent now runs on replica-1
+        assert read(Path(session.cwd) / "b.txt") == "taken\n"
+        again = await b.rewind(sid, ids[1], FILES)  # from the snapshots on the shared storage
+        assert again.files.can_rewind and read(Path(session.cwd) / "a.txt") == "v0\n"
+
+        os.killpg(owner.proc.pid, signal.SIGCONT)  # back, but fenced off: it steps aside
+        assert owner.channel is not None
+        health = health_pb2_grpc.HealthStub(owner.channel)
+        deadline = asyncio.get_running_loop().time() + 30
+        while (
+            await health.Check(health_pb2.HealthCheckRequest())
+        ).status != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert asyncio.get_running_loop().time() < deadline, "the old owner kept serving"
+            await asyncio.sleep(0.2)
+        assert any("fenced off" in str(line.get("event")) for line in owner.log_lines())
+        assert (await b.get(sid)).replica == "replica-1"
+        assert [e.rewind_id for e in await b.events(sid)] == [rewound.rewind_id, again.rewind_id]
+    finally:
+        if owner.proc is not None and owner.proc.returncode is None:
+            os.killpg(owner.proc.pid, signal.SIGCONT)
+        await other.close()
+        await owner.close()

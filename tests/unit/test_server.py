@@ -158,3 +158,11 @@ async def test_the_default_factory_gives_each_client_its_sessions_tool_policy(tm
     assert isinstance(await ask(bash, "Write", {"file_path": "/etc/passwd"}), PermissionResultDeny)
     assert isinstance(await ask({}, "Bash", {"command": "ls"}), PermissionResultDeny)
     assert isinstance(await ask({}, "Write", {"file_path": str(workspace / "a.txt")}), PermissionResultAllow)
+
+
+def test_shared_storage_is_refused_without_a_shared_database(tmp_path: Path) -> None:
+    with pytest.raises(server.StartError, match="needs --database-url"):
+        server.check_replicas(Config(state_dir=tmp_path, shared_storage=True).resolved())
+    server.check_replicas(
+        Config(state_dir=tmp_path, shared_storage=True, database_url="postgresql://db/x").resolved()
+    )

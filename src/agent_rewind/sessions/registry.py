@@ -43,6 +43,8 @@ from agent_rewind.store.ledger import (
     NewRequest,
     NewSession,
     RequestIdTaken,
+    SessionRecord,
+    Tombstone,
     dumps,
 )
 from agent_rewind.transcript.paths import transcript_path
@@ -128,30 +130,51 @@ class SessionRegistry:
         if claimed:
             log.info("sessions claimed by this replica", count=claimed, replica_id=me)
         for tombstone in await self._ledger.unfinished_erasures():
-            if tombstone.replica != me:
-                continue  # what remains is on its owner's disk
-            log.warning("finishing the erasure of a deleted session", session_id=tombstone.session_id)
-            try:
-                await self._erase_files(tombstone.session_id, tombstone.erasure or {})
-            except AgentRewindError as err:  # tried again at the next start
-                log.error(
-                    "could not finish erasing a deleted session",
-                    session_id=tombstone.session_id,
-                    error=err.message,
-                )
+            if tombstone.replica == me:  # (another's is on its owner's disk)
+                await self._finish_erasure(tombstone)
         for record in await self._ledger.sessions():
-            if record.replica != me:
-                continue  # another replica's: calls for it are forwarded there
-            options, dropped = session_options.sanitize(record.options, self.operator)
-            if dropped:
-                log.warning(
-                    "stored options no longer allowed are not used",
-                    session_id=record.session_id,
-                    keys=dropped,
-                )
-                record = dataclasses.replace(record, options=options)
-            _register_secrets(record.options)
-            self._workers[record.session_id] = SessionWorker(record, self._ctx)
+            if record.replica == me:  # (another's: calls for it are forwarded there)
+                self._register(record)
+
+    async def adopt(self, session_ids: list[str]) -> list[SessionWorker]:
+        """Registers sessions this replica just took over from one whose lease ran out (on
+        storage every replica mounts), and finishes the erasures it left unfinished. Returns
+        the new workers (the rewind engine finishes their interrupted rewinds)."""
+        adopted = []
+        for session_id in session_ids:
+            record = await self._ledger.session(session_id)
+            if record is None:
+                tombstone = await self._ledger.tombstone(session_id)
+                if tombstone is not None and tombstone.erasure is not None:
+                    await self._finish_erasure(tombstone)
+            elif session_id not in self._workers:
+                adopted.append(self._register(record))
+        return adopted
+
+    async def _finish_erasure(self, tombstone: Tombstone) -> None:
+        log.warning("finishing the erasure of a deleted session", session_id=tombstone.session_id)
+        try:
+            await self._erase_files(tombstone.session_id, tombstone.erasure or {})
+        except AgentRewindError as err:  # tried again at the next start
+            log.error(
+                "could not finish erasing a deleted session",
+                session_id=tombstone.session_id,
+                error=err.message,
+            )
+
+    def _register(self, record: SessionRecord) -> SessionWorker:
+        options, dropped = session_options.sanitize(record.options, self.operator)
+        if dropped:
+            log.warning(
+                "stored options no longer allowed are not used",
+                session_id=record.session_id,
+                keys=dropped,
+            )
+            record = dataclasses.replace(record, options=options)
+        _register_secrets(record.options)
+        worker = SessionWorker(record, self._ctx)
+        self._workers[record.session_id] = worker
+        return worker
 
     def states(self) -> dict[str, int]:
         """How many sessions are in each state (for metrics)."""

@@ -343,6 +343,13 @@ class Ledger(Protocol):
         """Every replica ever registered, by id, each saying whether its lease is current."""
         ...
 
+    async def take_over(self, replica_id: str, by: str) -> list[str] | None:
+        """If `replica_id`'s lease has run out: fences it off (a new epoch, so none of its writes
+        commits any more, nor its renewals) and makes `by` the owner of every session it owned
+        (deleted ones too, whose erasure `by` finishes), in one transaction. Returns those
+        sessions' ids; None, changing nothing, when its lease is current (it came back)."""
+        ...
+
     async def wait_for_events(self, seconds: float) -> None:
         """Returns once another process may have appended events (PostgreSQL: a NOTIFY sent in
         the appending transaction, on commit), or after `seconds`: the caller then reads

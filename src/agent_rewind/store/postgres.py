@@ -484,6 +484,21 @@ class PostgresLedger:
 
         await self._write(retire, fenced=False)
 
+    async def take_over(self, replica_id: str, by: str) -> list[str] | None:
+        async def take(db: Connection) -> list[str] | None:
+            fenced = await db.execute(
+                "UPDATE replicas SET epoch = epoch + 1 WHERE replica_id = %s AND lease_expires <= now()",
+                (replica_id,),
+            )
+            if not fenced.rowcount:
+                return None
+            cursor = await db.execute(
+                "UPDATE sessions SET replica = %s WHERE replica = %s RETURNING session_id", (by, replica_id)
+            )
+            return sorted(r["session_id"] for r in await cursor.fetchall())
+
+        return await self._write(take)
+
     async def replicas(self) -> list[ReplicaRecord]:
         rows = await self._rows(f"SELECT {self._REPLICA} FROM replicas ORDER BY replica_id")
         return [_replica(r) for r in rows]

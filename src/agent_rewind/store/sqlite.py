@@ -377,6 +377,21 @@ class SqliteLedger:
 
         await self._write(retire, fenced=False)
 
+    async def take_over(self, replica_id: str, by: str) -> list[str] | None:
+        def take(db: sqlite3.Connection) -> list[str] | None:
+            fenced = db.execute(
+                "UPDATE replicas SET epoch = epoch + 1 WHERE replica_id = ? AND lease_expires <= ?",
+                (replica_id, now().isoformat()),
+            ).rowcount
+            if not fenced:
+                return None
+            rows = db.execute(
+                "UPDATE sessions SET replica = ? WHERE replica = ? RETURNING session_id", (by, replica_id)
+            ).fetchall()
+            return sorted(r["session_id"] for r in rows)
+
+        return await self._write(take)
+
     async def replicas(self) -> list[ReplicaRecord]:
         at = now()
         return [self._replica(r, at) for r in self._rows("SELECT * FROM replicas ORDER BY replica_id")]

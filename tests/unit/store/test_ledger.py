@@ -523,6 +523,30 @@ async def test_sessions_that_name_no_replica_are_claimed_once_and_counted_by_own
     assert await ledger.session_counts() == {"pod-1": 2}
 
 
+async def test_a_replica_whose_lease_ran_out_is_taken_over_and_fenced_off_in_one_go(ledger: Ledger) -> None:
+    third = "2d9f5e3a-7c0f-4f8a-9b32-4c5d6e7f8091"
+    await ledger.register_replica("pod-1", "b:1", 60)
+    ledger.fence("pod-1", 1)
+    old = await ledger.register_replica("pod-0", "a:1", 0.05)
+    await ledger.add_session(_session(replica="pod-0"))
+    await ledger.add_session(_session(third, replica="pod-0"))
+    await ledger.erase_session(third, _deleted())
+    await ledger.add_session(_session(OTHER, replica="pod-1"))
+    assert await ledger.take_over("pod-0", "pod-1") is None, "its lease is current: nothing taken"
+    await asyncio.sleep(0.1)
+    assert await ledger.take_over("pod-0", "pod-1") == sorted([SID, third])
+    assert await ledger.session_counts() == {"pod-1": 2}
+    tombstone = await ledger.tombstone(third)
+    assert tombstone is not None and tombstone.replica == "pod-1", "its erasure is pod-1's to finish"
+    # The old incarnation of pod-0, back: it may neither renew nor write.
+    assert await ledger.renew_replica("pod-0", old.epoch, 60) is None
+    ledger.fence("pod-0", old.epoch)
+    with pytest.raises(ReplicaUnavailable):
+        await ledger.touch_session(SID)
+    ledger.fence("pod-1", 1)
+    assert await ledger.take_over("pod-0", "pod-1") == [], "fenced off, it owns nothing more"
+
+
 async def test_a_fenced_ledger_refuses_every_write_once_another_incarnation_registered(
     ledger: Ledger,
 ) -> None:
