@@ -71,6 +71,9 @@ class Forwarder:
         self._credentials = credentials
         self._options = options
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # (address, path) -> the method's callable on that replica's channel, made once.
+        self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._streams: dict[tuple[str, str], grpc.aio.UnaryStreamMultiCallable] = {}
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -81,6 +84,24 @@ class Forwarder:
                 channel = grpc.aio.insecure_channel(address, options=self._options)
             self._channels[address] = channel
         return channel
+
+    def _unary_method(self, address: str, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        method = self._unary.get((address, path))
+        if method is None:
+            method = self._channel(address).unary_unary(
+                path, request_serializer=_serialize, response_deserializer=_identity
+            )
+            self._unary[(address, path)] = method
+        return method
+
+    def _stream_method(self, address: str, path: str) -> grpc.aio.UnaryStreamMultiCallable:
+        method = self._streams.get((address, path))
+        if method is None:
+            method = self._channel(address).unary_stream(
+                path, request_serializer=_serialize, response_deserializer=_identity
+            )
+            self._streams[(address, path)] = method
+        return method
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (
@@ -98,9 +119,9 @@ class Forwarder:
         session_id: str = "",
     ) -> bytes:
         """The owner's answer to `request` (its bytes), or its status on `context`."""
-        call = self._channel(to.address).unary_unary(
-            path, request_serializer=_serialize, response_deserializer=_identity
-        )(request, timeout=context.time_remaining(), metadata=self._metadata())
+        call = self._unary_method(to.address, path)(
+            request, timeout=context.time_remaining(), metadata=self._metadata()
+        )
         started = time.perf_counter()
         try:
             response: bytes = await call  # cancelled with the caller's call
@@ -119,9 +140,9 @@ class Forwarder:
         session_id: str = "",
     ) -> AsyncIterator[bytes]:
         """The owner's messages for `request`, as they come; then its status on `context`."""
-        call = self._channel(to.address).unary_stream(
-            path, request_serializer=_serialize, response_deserializer=_identity
-        )(request, timeout=context.time_remaining(), metadata=self._metadata())
+        call = self._stream_method(to.address, path)(
+            request, timeout=context.time_remaining(), metadata=self._metadata()
+        )
         started = time.perf_counter()
         try:
             async for message in call:
@@ -149,6 +170,8 @@ class Forwarder:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+        self._unary.clear()
+        self._streams.clear()
 
 
 def _count(path: str, started: float) -> None:
