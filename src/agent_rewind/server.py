@@ -433,12 +433,13 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
 
     async def give_up() -> None:
         """Fenced off (another process registered as this replica, or took its sessions over),
-        or, on shared storage, a lease it could not renew: it stops taking calls and ends every
-        agent now, so that no session runs on two replicas. Its health stays NOT_SERVING (in
-        Kubernetes, the liveness probe restarts it)."""
+        or, on shared storage, a lease it could not renew: it ends every agent now, so that no
+        session runs on two replicas, and lets go of its sessions (calls for them are forwarded
+        to their owner). Its health stays NOT_SERVING (in Kubernetes, the liveness probe
+        restarts it)."""
+        await registry.abandon()
         for name in (*SERVICE_NAMES, ""):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await registry.shutdown(0)
 
     async def take_over(replica_id: str, session_ids: list[str]) -> None:
         adopted = await registry.adopt(session_ids)

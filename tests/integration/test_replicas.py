@@ -424,6 +424,8 @@ async def test_on_shared_storage_a_replica_takes_over_a_dead_ones_sessions_and_t
             await asyncio.sleep(0.2)
         assert any("fenced off" in str(line.get("event")) for line in owner.log_lines())
         assert (await b.get(sid)).replica == "replica-1"
+        # It let go of the session: a call sent to it now goes on to replica-1.
+        assert (await _until(lambda: a.get(sid))).replica == "replica-1"
         assert [e.rewind_id for e in await b.events(sid)] == [rewound.rewind_id, again.rewind_id]
     finally:
         if owner.proc is not None and owner.proc.returncode is None:

@@ -563,12 +563,23 @@ class SessionRegistry:
         await self._ledger.finish_erasure(session_id)
         log.info("deleted session erased", session_id=session_id, cli_files=len(removed))
 
-    async def shutdown(self, grace: float) -> None:
+    async def abandon(self) -> None:
+        """This replica may no longer run its sessions (fenced off, or its lease lost on shared
+        storage): every agent ends now, and the sessions are forgotten here, so calls for them
+        go to whichever replica owns them now (or answer REPLICA_UNAVAILABLE until one does)."""
+        await self.shutdown(0, forget=True)
+
+    async def shutdown(self, grace: float, *, forget: bool = False) -> None:
+        """Ends every session's work (`grace`: what a running turn gets); `forget`: and forgets
+        them at once, before their processes have ended."""
         self._shutting_down = True
+        workers = list(self._workers.values())
+        if forget:
+            self._workers.clear()
         # A deletion in progress finishes (it waits for a running turn only as long as Interrupt
         # may take): stopped halfway, it would be finished at the next start instead.
         await asyncio.gather(*self._deletions.values(), return_exceptions=True)
-        await asyncio.gather(*(w.shutdown(grace) for w in self._workers.values()), return_exceptions=True)
+        await asyncio.gather(*(w.shutdown(grace) for w in workers), return_exceptions=True)
 
 
 def _register_secrets(options: Mapping[str, Any]) -> None:
