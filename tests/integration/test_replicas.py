@@ -432,3 +432,19 @@ async def test_on_shared_storage_a_replica_takes_over_a_dead_ones_sessions_and_t
             os.killpg(owner.proc.pid, signal.SIGCONT)
         await other.close()
         await owner.close()
+
+
+async def test_on_shared_storage_no_replica_hands_out_a_workspace_another_replicas_session_holds(
+    tmp_path: Path, database: str
+) -> None:
+    shared = tmp_path / "workspaces"
+    async with replicas(
+        tmp_path / "state", database, count=2, shared_storage=True, workspace_roots=(shared,)
+    ) as (a, b):
+        mine = await a.create(cwd="project")
+        for cwd in ("project", "project/inside"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await b.create(cwd=cwd)
+            assert error_info(err.value).reason == "WORKSPACE_IN_USE", cwd
+        assert Path(mine.cwd) == (shared / "project").resolve()
+        assert (await b.create(cwd="elsewhere")).replica == "replica-1"

@@ -255,13 +255,7 @@ class SessionRegistry:
         # A deleted session's workspace is still taken while its erasure runs (for a moment).
         taken = [Path(w.record.cwd) for w in self._workers.values()]
         taken.extend(Path(erasing) for erasing in self._erasing.values())
-        for theirs in taken:
-            if resolved == theirs:
-                raise WorkspaceInUse(str(resolved), "is another session's workspace")
-            if theirs.is_relative_to(resolved):
-                raise WorkspaceInUse(str(resolved), "contains another session's workspace")
-            if resolved.is_relative_to(theirs):
-                raise WorkspaceInUse(str(resolved), "lies inside another session's workspace")
+        _check_apart(resolved, taken)
         if resolved.exists() and not resolved.is_dir():
             raise InvalidArgument("cwd", f"{resolved} exists and is not a directory")
         return resolved
@@ -297,6 +291,9 @@ class SessionRegistry:
             if owned >= self._config.max_sessions_per_principal:
                 raise QuotaExceeded("sessions", self._config.max_sessions_per_principal)
             workspace = self.resolve_workspace(req.cwd, sid)
+            if self._config.shared_storage:
+                # Every replica's sessions have their workspaces on this disk too.
+                _check_apart(workspace, [Path(r.cwd) for r in await self._ledger.sessions()])
             workspace.mkdir(parents=True, exist_ok=True)
             new = NewSession(
                 session_id=sid,
@@ -580,6 +577,17 @@ class SessionRegistry:
         # may take): stopped halfway, it would be finished at the next start instead.
         await asyncio.gather(*self._deletions.values(), return_exceptions=True)
         await asyncio.gather(*(w.shutdown(grace) for w in workers), return_exceptions=True)
+
+
+def _check_apart(resolved: Path, taken: list[Path]) -> None:
+    """WORKSPACE_IN_USE if `resolved` is, contains or lies inside one of `taken`."""
+    for theirs in taken:
+        if resolved == theirs:
+            raise WorkspaceInUse(str(resolved), "is another session's workspace")
+        if theirs.is_relative_to(resolved):
+            raise WorkspaceInUse(str(resolved), "contains another session's workspace")
+        if resolved.is_relative_to(theirs):
+            raise WorkspaceInUse(str(resolved), "lies inside another session's workspace")
 
 
 def _register_secrets(options: Mapping[str, Any]) -> None:
