@@ -3,7 +3,9 @@
 Any replica accepts any call; one for a session it does not hold goes to the session's owner
 (`replicas.Owners`) as the same request, unary or streaming, with:
 - the caller's principal, authenticated here, and the deployment's replica secret (rpc/auth.py),
-  over TLS when the replicas serve TLS (presenting this replica's certificate, for mTLS);
+  over TLS when the replicas serve TLS (presenting this replica's certificate, for mTLS); not
+  the caller's own credentials;
+- the caller's other metadata (`traceparent`, say), as it came;
 - the caller's deadline, what remains of it;
 - the caller's cancellation: a caller that hangs up cancels the forwarded call.
 
@@ -33,6 +35,16 @@ log = structlog.get_logger(__name__)
 
 # The trailer that holds a status's details (google.rpc.Status): passed back as it came.
 _DETAILS = "grpc-status-details-bin"
+# The caller's metadata that is not passed on: its credentials, and what gRPC sets itself.
+_NOT_CARRIED = frozenset({"authorization", "user-agent", "content-type", "te"})
+
+
+def _carried(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
+    return tuple(
+        (key, value)
+        for key, value in context.invocation_metadata() or ()
+        if key not in _NOT_CARRIED and not key.startswith(("grpc-", ":", "agent-rewind-"))
+    )
 
 
 class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):  # type: ignore[misc]
@@ -103,8 +115,9 @@ class Forwarder:
             self._streams[(address, path)] = method
         return method
 
-    def _metadata(self) -> tuple[tuple[str, str], ...]:
+    def _metadata(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
         return (
+            *_carried(context),
             (FORWARDED_BY, self.owners.replica_id),
             (PRINCIPAL, current().name),
             (REPLICA_SECRET, self._secret),
@@ -120,7 +133,7 @@ class Forwarder:
     ) -> bytes:
         """The owner's answer to `request` (its bytes), or its status on `context`."""
         call = self._unary_method(to.address, path)(
-            request, timeout=context.time_remaining(), metadata=self._metadata()
+            request, timeout=context.time_remaining(), metadata=self._metadata(context)
         )
         started = time.perf_counter()
         try:
@@ -141,7 +154,7 @@ class Forwarder:
     ) -> AsyncIterator[bytes]:
         """The owner's messages for `request`, as they come; then its status on `context`."""
         call = self._stream_method(to.address, path)(
-            request, timeout=context.time_remaining(), metadata=self._metadata()
+            request, timeout=context.time_remaining(), metadata=self._metadata(context)
         )
         started = time.perf_counter()
         try:

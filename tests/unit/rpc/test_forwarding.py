@@ -147,7 +147,11 @@ async def test_a_unary_call_reaches_the_owner_with_principal_secret_and_deadline
 ) -> None:
     channel, owner, _ = pair
     stub = session_service_pb2_grpc.SessionServiceStub(channel)
-    got = await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID), timeout=7)
+    got = await stub.GetSession(
+        session_service_pb2.GetSessionRequest(session_id=SID),
+        timeout=7,
+        metadata=(("traceparent", "00-abc-def-01"), ("authorization", "Bearer mine")),
+    )
     assert (got.session_id, got.replica) == (SID, "owner")
     ((metadata, remaining),) = owner.calls
     assert (metadata[FORWARDED_BY], metadata[PRINCIPAL], metadata[REPLICA_SECRET]) == (
@@ -156,6 +160,8 @@ async def test_a_unary_call_reaches_the_owner_with_principal_secret_and_deadline
         SECRET,
     )
     assert remaining is not None and 5 < remaining <= 7, "what remains of the caller's deadline"
+    assert metadata["traceparent"] == "00-abc-def-01", "the caller's own metadata goes along"
+    assert "authorization" not in metadata, "its credentials do not"
 
 
 async def test_the_owners_error_comes_back_whole_and_its_owner_is_asked_again_next_time(
