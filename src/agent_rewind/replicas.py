@@ -230,16 +230,19 @@ class Owners:
         REPLICA_UNAVAILABLE when the owner's lease has run out."""
         if self._local(session_id):
             return None
-        owner = self._owners.get(session_id)
-        if owner is None:
-            record = await self._ledger.session(session_id)
-            if record is None or record.replica in ("", self.replica_id):
-                return None
-            owner = record.replica
-            self._owners[session_id] = owner
-            if len(self._owners) > self._REMEMBERED:
-                self._owners.popitem(last=False)
-        return await self.replica(owner)
+        remembered = self._owners.get(session_id)
+        if remembered is not None:
+            try:
+                return await self.replica(remembered)
+            except ReplicaUnavailable:
+                self.forget(session_id)  # taken over by another, perhaps: the ledger says
+        record = await self._ledger.session(session_id)
+        if record is None or record.replica in ("", self.replica_id):
+            return None
+        self._owners[session_id] = record.replica
+        if len(self._owners) > self._REMEMBERED:
+            self._owners.popitem(last=False)
+        return await self.replica(record.replica)
 
     def forget(self, session_id: str) -> None:
         """The remembered owner is asked again next time (the owner did not answer for it)."""

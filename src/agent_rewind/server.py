@@ -208,6 +208,11 @@ def default_factory(config: Config) -> ClientFactory:
     return make
 
 
+def _ping_ms(config: Config) -> int:
+    """How often a replica pings another while a call forwarded to it is open: a third of the lease."""
+    return max(1000, int(config.replica_lease * 1000 / 3))
+
+
 async def _open_ledger(config: Config) -> Ledger:
     """The SQLite file in the state dir, or PostgreSQL with --database-url."""
     if not config.database_url:
@@ -396,6 +401,17 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
             options=(
                 ("grpc.max_receive_message_length", 16 * MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # An owner that stops answering (frozen, cut off) fails the calls forwarded to it
+                # within two pings, rather than holding them for the caller's whole deadline.
+                ("grpc.keepalive_time_ms", _ping_ms(config)),
+                ("grpc.keepalive_timeout_ms", _ping_ms(config)),
+                ("grpc.http2.ping_timeout_ms", _ping_ms(config)),  # (what gRPC 1.85 reads)
+                # Nor does a connection to it hang for gRPC's default 20 s; and one that came back
+                # is connected again within two pings, however long it was away.
+                ("grpc.min_reconnect_backoff_ms", 2 * _ping_ms(config)),
+                ("grpc.max_reconnect_backoff_ms", 2 * _ping_ms(config)),
+                ("grpc.keepalive_permit_without_calls", 0),
+                ("grpc.http2.max_pings_without_data", 0),
             ),
         )
 
@@ -403,6 +419,9 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
+            # The other replicas' keepalive pings, during a turn that sends nothing for minutes.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", _ping_ms(config) // 2),
+            ("grpc.http2.max_ping_strikes", 0),
         ]
     )
     tokens = PageTokens(await ledger.secret("page_tokens"))

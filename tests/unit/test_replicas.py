@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from agent_rewind.errors import StorageUnavailable
-from agent_rewind.replicas import Membership
+from agent_rewind.replicas import Membership, Owners
 from agent_rewind.store.ledger import NewSession
 from agent_rewind.store.sqlite import SqliteLedger
 
@@ -60,6 +60,27 @@ async def test_a_living_replica_takes_over_the_sessions_of_one_whose_lease_ran_o
         assert taken == [("pod-0", [SID])]
         record = await ledger.session(SID)
         assert record is not None and record.replica == "pod-1"
+    finally:
+        await membership.leave()
+        await ledger.close()
+
+
+async def test_a_remembered_owner_that_was_taken_over_is_asked_of_the_ledger_again(tmp_path: Path) -> None:
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    await ledger.register_replica("pod-0", "a:1", 0.3)
+    await ledger.register_replica("pod-1", "b:1", 60)
+    await ledger.add_session(NewSession(SID, "/ws", {}, True, replica="pod-0"))
+    membership = Membership(ledger, "pod-2", "c:1", 60)
+    try:
+        await membership.join()
+        owners = Owners(ledger, membership, lambda session_id: False)
+        first = await owners.owner(SID)
+        assert first is not None and first.replica_id == "pod-0"
+        await asyncio.sleep(0.4)  # pod-0's lease runs out; pod-1 takes its sessions over
+        assert await ledger.take_over("pod-0", "pod-1") == [SID]
+        await membership.refresh()  # its heartbeat: the directory says pod-0's lease ran out
+        now = await owners.owner(SID)
+        assert now is not None and now.replica_id == "pod-1", "not the remembered, dead owner"
     finally:
         await membership.leave()
         await ledger.close()
