@@ -29,12 +29,20 @@ import pytest
 import yaml
 
 from agent_rewind.config import SERVE_FLAGS, Config, build_parser, from_arguments
-from agent_rewind.server import check_transport, choose_backend
+from agent_rewind.server import check_replicas, check_transport, choose_backend
 from agent_rewind.sessions.live import PROCESS_BUDGET_BYTES, SERVICE_RESERVE_BYTES, default_max_live
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-RENDERINGS = {"base": DEPLOY / "base", "replicas": DEPLOY / "overlays" / "replicas"}
+RENDERINGS = {
+    "base": DEPLOY / "base",
+    "replicas": DEPLOY / "overlays" / "replicas",
+    "replicas-shared": DEPLOY / "overlays" / "replicas-shared",
+}
+# The renderings of several replicas on one database (the ones with the database's Secret).
+REPLICAS = {"replicas", "replicas-shared"}
+# The one whose replicas share a ReadWriteMany volume (--shared-storage) instead of a volume each.
+SHARED_STORAGE = "replicas-shared"
 # The oldest Kubernetes the manifests claim (deploy/README.md), and a recent one.
 KUBERNETES_VERSIONS = ("1.30", "1.33")
 
@@ -46,7 +54,7 @@ SECRETS = {
     "agent-rewind-tls": {"tls.crt", "tls.key"},
     "agent-rewind-anthropic": {"api-key"},
 }
-OVERLAY_SECRETS = {"replicas": {"agent-rewind-database": {"url"}}}
+OVERLAY_SECRETS = {name: {"agent-rewind-database": {"url"}} for name in REPLICAS}
 # Variables an overlay sets for a flag the contract specifies and the server does not read yet.
 PENDING_VARIABLES: dict[str, dict[str, str]] = {}
 # Never a literal value in a manifest.
@@ -447,12 +455,14 @@ def test_every_resource_is_valid_against_the_kubernetes_api_schema(
             where = ".".join(str(p) for p in err.path)
             errors.append(f"{resource['kind']}/{resource['metadata']['name']}: {where}: {err.message}")
     assert not errors, f"{rendering.name} is not valid Kubernetes {version}:\n" + "\n".join(errors)
+    shared = {"PersistentVolumeClaim"} if rendering.name == SHARED_STORAGE else set()
     assert {r["kind"] for r in rendering.resources} == {
         "ServiceAccount",
         "StatefulSet",
         "Service",
         "PodDisruptionBudget",
         "NetworkPolicy",
+        *shared,
     }
 
 
@@ -485,24 +495,35 @@ def test_every_selector_selects_the_pods(rendering: Rendering) -> None:
 # --- the workload -----------------------------------------------------------------------------
 
 
-def test_the_workload_is_a_statefulset_with_a_volume_per_pod(rendering: Rendering) -> None:
+def test_the_workload_is_a_statefulset_with_the_state_dir_on_a_claim(rendering: Rendering) -> None:
     spec = rendering.workload["spec"]
-    assert spec["replicas"] == {"base": 1, "replicas": 3}[rendering.name]
+    assert spec["replicas"] == {"base": 1, "replicas": 3, "replicas-shared": 3}[rendering.name]
     # One pod at a time, each gone before its successor mounts its ReadWriteOnce volume.
     assert spec["updateStrategy"]["type"] == "RollingUpdate"
     assert "maxUnavailable" not in spec["updateStrategy"].get("rollingUpdate", {})
     assert spec["podManagementPolicy"] == "Parallel"
-    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     # Its governing Service is headless and in the same rendering.
     assert rendering.one("Service", spec["serviceName"])["spec"]["clusterIP"] == "None"
-    # The state dir is a per-pod claim, mounted where the image's ENTRYPOINT and HOME say.
-    (template,) = spec["volumeClaimTemplates"]
-    assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # The state dir is mounted where the image's ENTRYPOINT and HOME say.
     mounts = {_as_served(m["mountPath"]): m for m in rendering.container["volumeMounts"]}
     state_dir = str(rendering.config().state_dir)
-    assert mounts[state_dir]["name"] == template["metadata"]["name"]
     assert _as_served(image().env["HOME"]) == state_dir
-    assert not any(v["name"] == template["metadata"]["name"] for v in rendering.pod.get("volumes", []))
+    volumes = {v["name"]: v for v in rendering.pod.get("volumes", [])}
+    if rendering.name == SHARED_STORAGE:
+        # One ReadWriteMany claim that every pod mounts; no claim per pod, so no retention
+        # policy for such claims either.
+        assert "volumeClaimTemplates" not in spec
+        assert "persistentVolumeClaimRetentionPolicy" not in spec
+        claim = volumes[mounts[state_dir]["name"]]["persistentVolumeClaim"]["claimName"]
+        assert rendering.one("PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteMany"]
+        return
+    # A claim per pod, kept when the StatefulSet is deleted or scaled down.
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    (template,) = spec["volumeClaimTemplates"]
+    assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert mounts[state_dir]["name"] == template["metadata"]["name"]
+    assert template["metadata"]["name"] not in volumes
+    assert not rendering.of_kind("PersistentVolumeClaim")
 
 
 def test_every_container_has_resources_and_a_locked_down_security_context(rendering: Rendering) -> None:
@@ -517,6 +538,7 @@ def test_every_container_has_resources_and_a_locked_down_security_context(render
     assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     claims = {t["metadata"]["name"] for t in rendering.workload["spec"].get("volumeClaimTemplates", [])}
+    claims |= {name for name, volume in volumes.items() if "persistentVolumeClaim" in volume}
     for container in rendering.containers:
         security = {**pod_security, **container.get("securityContext", {})}
         assert security["runAsNonRoot"] is True
@@ -644,7 +666,7 @@ def test_the_network_policy_admits_the_served_ports_only(rendering: Rendering) -
 
     egress = {(p["port"], p["protocol"]) for rule in policy["egress"] for p in rule["ports"]}
     expected = {(53, "UDP"), (53, "TCP"), (443, "TCP")}
-    if rendering.name == "replicas":
+    if rendering.name in REPLICAS:
         expected |= {(_port(config.listen), "TCP"), (5432, "TCP")}
     assert egress == expected
     assert all("ports" in rule for rule in policy["egress"]), "a rule without ports lets out every port"
@@ -697,6 +719,32 @@ def test_the_replicas_overlay_runs_replicas_on_one_database_each_reachable_by_th
     advertised = env["AGENT_REWIND_ADVERTISE_ADDRESS"]["value"]
     assert advertised == f"$(POD_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE).svc:50051"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_the_shared_overlay_runs_every_replica_on_one_volume_with_shared_storage() -> None:
+    """--shared-storage on, which the server accepts only with --database-url, and the same claim
+    at the same state dir in every pod."""
+    shared = Rendering(SHARED_STORAGE, json.loads(_rendered(SHARED_STORAGE)))
+    by_variable = {flag.env_var: flag for flag in SERVE_FLAGS}
+    flag = by_variable["AGENT_REWIND_SHARED_STORAGE"]
+    assert flag.name == "--shared-storage"
+    assert flag.from_environment({flag.env_var: shared.env[flag.env_var]["value"]}) is True
+    config = shared.config()
+    assert config.shared_storage is True
+    assert config.database_url, "the server refuses --shared-storage without --database-url"
+    check_replicas(config)  # what `serve` checks at start
+    assert not Rendering("replicas", json.loads(_rendered("replicas"))).config().shared_storage
+    # Every pod is the template's: the one claim, at the state dir, which holds the default
+    # workspace root too, so every replica sees every session's files at the same paths.
+    assert "volumeClaimTemplates" not in shared.workload["spec"]
+    assert shared.workload["spec"]["replicas"] > 1
+    mounts = {_as_served(m["mountPath"]): m["name"] for m in shared.container["volumeMounts"]}
+    assert all(root.is_relative_to(config.state_dir) for root in config.workspace_roots)
+    (state,) = [v for v in shared.pod["volumes"] if v["name"] == mounts[str(config.state_dir)]]
+    claim = shared.one("PersistentVolumeClaim", state["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert _quantity(claim["spec"]["resources"]["requests"]["storage"]) > 0
+    assert not state["persistentVolumeClaim"].get("readOnly")
 
 
 def test_the_readme_describes_every_file_of_deploy() -> None:
