@@ -65,8 +65,8 @@ class Authenticator:
     def enabled(self) -> bool:
         return self.access is not None
 
-    def authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+    def authenticate(self, context: grpc.aio.ServicerContext, metadata: dict[str, str]) -> Principal:
+        """The caller's principal; `metadata`: the call's (text) metadata, by lower-case key."""
         if FORWARDED_BY in metadata:
             return self._forwarded(metadata)
         if self.access is None:
@@ -96,14 +96,11 @@ class Authenticator:
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Principal:
         """Authenticates the call and checks the permission its RPC needs; sets `current()` and
         `forwarded_by()`."""
-        principal = self.authenticate(context)
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        principal = self.authenticate(context, metadata)
         needed = METHOD_PERMISSIONS[method]
         if needed is not None:
             principal.require(needed)
         _current.set(principal)
-        forwarder = ""
-        for key, value in context.invocation_metadata() or ():
-            if key.lower() == FORWARDED_BY and isinstance(value, str):
-                forwarder = value
-        _forwarded_by.set(forwarder)
+        _forwarded_by.set(metadata.get(FORWARDED_BY, ""))
         return principal

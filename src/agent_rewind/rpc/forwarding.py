@@ -23,15 +23,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import structlog
 
 from agent_rewind import metrics
 from agent_rewind.errors import ReplicaUnavailable
 from agent_rewind.replicas import Owners
 from agent_rewind.rpc.auth import FORWARDED_BY, PRINCIPAL, REPLICA_SECRET, current
 from agent_rewind.store.ledger import ReplicaRecord
-
-log = structlog.get_logger(__name__)
 
 # The trailer that holds a status's details (google.rpc.Status): passed back as it came.
 _DETAILS = "grpc-status-details-bin"
