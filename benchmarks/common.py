@@ -170,6 +170,20 @@ def median(samples: Sequence[float]) -> float:
     return statistics.median(samples) if samples else math.nan
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank `q` quantile (0.99: p99); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) a process has used, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def fmt_time(seconds: float) -> str:
     """A duration with a unit that keeps three significant digits readable."""
     if math.isnan(seconds):

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-import os
 import statistics
 import sys
 import time
@@ -28,7 +26,7 @@ from pathlib import Path
 
 from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
 from agent_rewind.testing.server_process import ServerProcess
-from benchmarks.common import Report, Target, fmt_kb, fmt_time
+from benchmarks.common import Report, Target, cpu_seconds, fmt_kb, fmt_time, percentile
 
 GROUPS = (0, 1, 100, 1000)
 PER_PROCESS = 250
@@ -96,19 +94,6 @@ def _rss_kb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def _cpu_s(pid: int) -> float:
-    """The CPU time (user + system) a process has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _p(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
-
-
 async def _session(server: ServerProcess) -> tuple[str, list[str]]:
     assert server.sessions is not None
     session = await server.sessions.CreateSession(
@@ -136,7 +121,7 @@ async def _latencies(
     await group.open()
     returned: dict[int, float] = {}
     durations: list[float] = []
-    cpu = _cpu_s(server.proc.pid)
+    cpu = cpu_seconds(server.proc.pid)
     try:
         for i in range(rewinds):
             request = rewind_service_pb2.RewindRequest(session_id=sid, message_id=ids[i % 2], mode=FILES)
@@ -149,7 +134,7 @@ async def _latencies(
             returned[cursor] = done
             if watchers:
                 await group.all_got(cursor)
-        cpu = _cpu_s(server.proc.pid) - cpu
+        cpu = cpu_seconds(server.proc.pid) - cpu
     finally:
         received = await group.close()
     heard = [t - returned[c] for c, times in received.items() if c in returned for t in times]
@@ -209,7 +194,7 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
                 f"{group:,}",
                 f"{len(got):,}",
                 fmt_time(statistics.median(got)) if got else "-",
-                fmt_time(_p(got, 0.99)),
+                fmt_time(percentile(got, 0.99)),
                 fmt_time(max(got)) if got else "-",
                 fmt_time(statistics.median(durations[group])),
             ]
@@ -221,7 +206,7 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
         f"the server's CPU per event per watcher: {fmt_time(fan_out)} (CPU per rewind with {most:,} "
         f"watchers less with none, over {most:,}); the fan-out is this times the watchers"
     )
-    p99 = _p(samples[GROUPS[-1]], 0.99)
+    p99 = percentile(samples[GROUPS[-1]], 0.99)
     report.targets += [
         Target(
             f"p99 at {GROUPS[-1]:,} watchers at most {P99_GOAL_S * 1e3:.0f} ms",

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
 import resource
 import shutil
@@ -80,10 +79,12 @@ from benchmarks.common import (
     Sample,
     Samples,
     Target,
+    cpu_seconds,
     fmt_kb,
     fmt_ratio,
     fmt_time,
     interleave,
+    percentile,
     ratio_target,
     settle,
     timed,
@@ -628,19 +629,6 @@ def merged(runs: Sequence[LoadRun]) -> list[LoadRun]:
     return list(out.values())
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU time (user + system) a process has used, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _machine_ticks() -> tuple[int, int]:
     """(busy, total) CPU ticks of the whole machine since boot."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -748,7 +736,7 @@ async def _load(state: Path, session_id: str, plan: Plan) -> list[LoadRun]:
 async def _load_run(
     server_pid: int, clients: LoadClients, processes: int, page: int, rate: float, seconds: float
 ) -> LoadRun:
-    server_cpu = _cpu_s(server_pid)
+    server_cpu = cpu_seconds(server_pid)
     busy, total = _machine_ticks()
     results = await clients.run(processes, seconds, page, rate)
     busy2, total2 = _machine_ticks()
@@ -759,7 +747,7 @@ async def _load_run(
         seconds=max(float(r["wall"]) for r in results),
         latencies=[float(x) for r in results for x in r["lat"]],
         errors=sum(int(r["errors"]) for r in results),
-        server_cpu_s=_cpu_s(server_pid) - server_cpu,
+        server_cpu_s=cpu_seconds(server_pid) - server_cpu,
         clients_cpu_s=sum(float(r["cpu"]) for r in results),
         machine_busy=(busy2 - busy) / (total2 - total) if total2 > total else math.nan,
     )

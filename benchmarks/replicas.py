@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 import urllib.request
@@ -48,10 +47,12 @@ from benchmarks.common import (
     Sample,
     Samples,
     Target,
+    cpu_seconds,
     fmt_ratio,
     fmt_time,
     interleave,
     median,
+    percentile,
     ratio_target,
     settle,
     timed,
@@ -240,19 +241,6 @@ def _since(
     return round(n), s / n if n else math.nan
 
 
-def _cpu_s(pid: int) -> float:
-    """The CPU time (user + system) a process has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _p(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
-
-
 def _measures(
     a: ServerProcess, b: ServerProcess, session: _Session
 ) -> tuple[dict[str, Measure], dict[str, Measure]]:
@@ -328,10 +316,10 @@ async def _cpu_per_call(
     call: Callable[[], Awaitable[object]], pids: tuple[int, int], n: int
 ) -> tuple[float, float]:
     """`n` calls back to back: the CPU seconds per call of each of two processes."""
-    before = [_cpu_s(pid) for pid in pids]
+    before = [cpu_seconds(pid) for pid in pids]
     for _ in range(n):
         await call()
-    after = [_cpu_s(pid) for pid in pids]
+    after = [cpu_seconds(pid) for pid in pids]
     return (after[0] - before[0]) / n, (after[1] - before[1]) / n
 
 
@@ -392,7 +380,7 @@ def _report(
             title,
             f"{len(values):,}",
             fmt_time(median(values)),
-            fmt_time(_p(values, 0.99)),
+            fmt_time(percentile(values, 0.99)),
             spread,
         ]
 
@@ -417,14 +405,14 @@ def _report(
     ]
     points_d, points_f = s.med("points direct"), s.med("points forwarded")
     rewind_d, rewind_f = s.med("rewind direct"), s.med("rewind forwarded")
-    p99 = _p(across, 0.99)
+    p99 = percentile(across, 0.99)
     report.targets = [
         ratio_target("1. ListRewindPoints: forwarded / direct", points_f, points_d, at_most=MAX_POINTS_RATIO),
         ratio_target("2. files Rewind: forwarded / direct", rewind_f, rewind_d, at_most=MAX_REWIND_RATIO),
         Target(
             f"3. a watcher on the other replica hears of a rewind: p99 at most {P99_GOAL_S * 1e3:.0f} ms",
             p99 <= P99_GOAL_S,
-            f"p99 {fmt_time(p99)} over {len(across):,} receipts (same replica: {fmt_time(_p(same, 0.99))})",
+            f"p99 {fmt_time(p99)} over {len(across):,} receipts (same replica: {fmt_time(percentile(same, 0.99))})",
         ),
     ]
     hop = s.med("capabilities")
