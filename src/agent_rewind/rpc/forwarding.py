@@ -80,9 +80,8 @@ class Forwarder:
         self._credentials = credentials
         self._options = options
         self._channels: dict[str, grpc.aio.Channel] = {}
-        # (address, path) -> the method's callable on that replica's channel, made once.
-        self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
-        self._streams: dict[tuple[str, str], grpc.aio.UnaryStreamMultiCallable] = {}
+        # (address, path, streaming) -> the method's callable on that replica's channel, made once.
+        self._methods: dict[tuple[str, str, bool], Any] = {}
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -94,22 +93,14 @@ class Forwarder:
             self._channels[address] = channel
         return channel
 
-    def _unary_method(self, address: str, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
-        method = self._unary.get((address, path))
+    def _method(self, address: str, path: str, *, streaming: bool) -> Any:
+        key = (address, path, streaming)
+        method = self._methods.get(key)
         if method is None:
-            method = self._channel(address).unary_unary(
-                path, request_serializer=_serialize, response_deserializer=_identity
-            )
-            self._unary[(address, path)] = method
-        return method
-
-    def _stream_method(self, address: str, path: str) -> grpc.aio.UnaryStreamMultiCallable:
-        method = self._streams.get((address, path))
-        if method is None:
-            method = self._channel(address).unary_stream(
-                path, request_serializer=_serialize, response_deserializer=_identity
-            )
-            self._streams[(address, path)] = method
+            channel = self._channel(address)
+            make = channel.unary_stream if streaming else channel.unary_unary
+            method = make(path, request_serializer=_serialize, response_deserializer=_identity)
+            self._methods[key] = method
         return method
 
     def _metadata(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
@@ -129,7 +120,7 @@ class Forwarder:
         session_id: str = "",
     ) -> bytes:
         """The owner's answer to `request` (its bytes), or its status on `context`."""
-        call = self._unary_method(to.address, path)(
+        call = self._method(to.address, path, streaming=False)(
             request, timeout=context.time_remaining(), metadata=self._metadata(context)
         )
         started = time.perf_counter()
@@ -150,7 +141,7 @@ class Forwarder:
         session_id: str = "",
     ) -> AsyncIterator[bytes]:
         """The owner's messages for `request`, as they come; then its status on `context`."""
-        call = self._stream_method(to.address, path)(
+        call = self._method(to.address, path, streaming=True)(
             request, timeout=context.time_remaining(), metadata=self._metadata(context)
         )
         started = time.perf_counter()
@@ -180,8 +171,7 @@ class Forwarder:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
-        self._unary.clear()
-        self._streams.clear()
+        self._methods.clear()
 
 
 def _count(path: str, started: float) -> None:
