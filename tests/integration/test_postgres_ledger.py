@@ -5,7 +5,6 @@ survive a restart. (Several replicas on one database: test_replicas.py.)"""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -27,12 +26,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def database() -> Iterator[str]:
-    server = PostgresServer()
-    try:
-        yield server.url(server.create_database())
-    finally:
-        server.stop()
+def database(postgres: PostgresServer) -> str:
+    return postgres.url(postgres.create_database())
 
 
 async def test_the_service_runs_on_postgresql_and_keeps_everything_across_a_restart(

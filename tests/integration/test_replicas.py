@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +40,6 @@ from tests.integration.harness import (
     test_config as config_of,
 )
 from tests.pgserver_fixture import PostgresServer
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -244,6 +234,25 @@ async def test_an_owner_that_stopped_is_replica_unavailable_and_its_sessions_ret
             await back.stop(grace=2)
 
 
+def _replica_process(tmp_path: Path, database: str, i: int, *extra: str) -> ServerProcess:
+    """Replica `i` as a server process of its own (its log in its own directory)."""
+    args = ["--database-url", database, "--replica-id", f"replica-{i}", *extra]
+    return ServerProcess(tmp_path / f"replica-{i}", args=args)
+
+
+async def _owner_and_other(
+    owner: ServerProcess, other: ServerProcess
+) -> tuple[Client, Client, session_pb2.Session, list[str], rewind_pb2.RewindResult]:
+    """Starts both; a session on `owner` with two turns and a files rewind, made through `other`."""
+    await owner.start()
+    await other.start()
+    a, b = client_of(owner), client_of(other)
+    session = await a.create()
+    ids = [prompt_id(await b.prompt(session.session_id, f"write a.txt v{i}")) for i in range(2)]
+    rewound = await b.rewind(session.session_id, ids[0], FILES)
+    return a, b, session, ids, rewound
+
+
 async def _until(call: Any, within: float = 30.0) -> Any:
     """`call()` once the owner answers again: a replica that came back at a new address (a new
     port, on loopback) is found in the directory after the first call that missed it."""
@@ -263,19 +272,10 @@ async def _until(call: Any, within: float = 30.0) -> Any:
 async def test_an_owner_killed_mid_turn_is_replica_unavailable_then_back_with_nothing_lost(
     tmp_path: Path, database: str
 ) -> None:
-    def replica(i: int) -> ServerProcess:
-        args = ["--database-url", database, "--replica-id", f"replica-{i}"]
-        return ServerProcess(tmp_path / f"replica-{i}", args=args)
-
-    owner, other = replica(0), replica(1)
+    owner, other = (_replica_process(tmp_path, database, i) for i in range(2))
     try:
-        await owner.start()
-        await other.start()
-        a, b = client_of(owner), client_of(other)
-        session = await a.create()
+        _, b, session, ids, rewound = await _owner_and_other(owner, other)
         sid = session.session_id
-        ids = [prompt_id(await b.prompt(sid, f"write a.txt v{i}")) for i in range(2)]
-        rewound = await b.rewind(sid, ids[0], FILES)
         turn = b.sessions.Prompt(
             session_service_pb2.PromptRequest(session_id=sid, text="sleep 60\nwrite late.txt never")
         )
@@ -374,20 +374,11 @@ async def test_on_shared_storage_a_replica_takes_over_a_dead_ones_sessions_and_t
     shared = tmp_path / "shared"
     lease = 3.0
 
-    def replica(i: int) -> ServerProcess:
-        args = ["--database-url", database, "--replica-id", f"replica-{i}", "--shared-storage"]
-        args += ["--replica-lease", str(lease), "--state-dir", str(shared)]
-        return ServerProcess(tmp_path / f"replica-{i}", args=args)  # (its log there)
-
-    owner, other = replica(0), replica(1)
+    extra = ("--shared-storage", "--replica-lease", str(lease), "--state-dir", str(shared))
+    owner, other = (_replica_process(tmp_path, database, i, *extra) for i in range(2))
     try:
-        await owner.start()
-        await other.start()
-        a, b = client_of(owner), client_of(other)
-        session = await a.create()
+        a, b, session, ids, rewound = await _owner_and_other(owner, other)
         sid = session.session_id
-        ids = [prompt_id(await b.prompt(sid, f"write a.txt v{i}")) for i in range(2)]
-        rewound = await b.rewind(sid, ids[0], FILES)
         assert owner.proc is not None
         os.killpg(owner.proc.pid, signal.SIGSTOP)
         frozen = asyncio.get_running_loop().time()

@@ -5,7 +5,7 @@ A restart within a test restarts the three on the same database and state dirs."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,6 @@ def _forwarded() -> float:
         for sample in metric.samples
         if sample.name.endswith("_total")
     )
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)
