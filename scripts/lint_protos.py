@@ -17,7 +17,7 @@ from pathlib import Path
 
 BUF_VERSION = "1.75.0"
 # The commit whose protos the last round shipped: the contract clients were built against.
-BASELINE = "c36249822abe6223079c0949ebe73657b4ee248a"
+BASELINE = "daee753b414b4565f812add25306611ee162c254"
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".tools"
 BUF = TOOLS / "node_modules" / ".bin" / "buf"

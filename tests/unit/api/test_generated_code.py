@@ -185,6 +185,17 @@ for _message_name, _fields in {
     "Capabilities": {"replicas": None},
 }.items():
     API_FIELDS[_message_name] = {**API_FIELDS[_message_name], **_fields}
+# Round 3 additions.
+API_FIELDS["Capabilities.sandbox"] = {"enabled": "bool", "allowed_hosts": "repeated string"}
+API_FIELDS["RewindResult.side_effects"] = {"message_id": "string", "tool": "string", "summary": "string"}
+API_FIELDS["Session.forked_from"] = {"session_id": "string", "message_id": "string"}
+for _message_name, _fields in {
+    "Capabilities": {"sandbox": "agent_rewind.v1.SandboxCapability"},
+    "RewindPoint": {"compacted": "bool"},
+    "RewindResult": {"side_effects": "repeated agent_rewind.v1.SideEffect"},
+    "Session": {"forked_from": "agent_rewind.v1.ForkOrigin"},
+}.items():
+    API_FIELDS[_message_name] = {**API_FIELDS[_message_name], **_fields}
 
 # enum -> the values API.md fixes (each enum also has its _UNSPECIFIED zero value).
 API_ENUMS: dict[str, set[str]] = {

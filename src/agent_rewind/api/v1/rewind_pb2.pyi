@@ -209,6 +209,7 @@ class RewindPoint(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     FILES_REWINDABLE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_AVAILABLE_FIELD_NUMBER: _builtins.int
+    COMPACTED_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     """The prompt's transcript UUID, also its file checkpoint id."""
     resume_at_message_id: _builtins.str
@@ -228,6 +229,11 @@ class RewindPoint(_message.Message):
     """A complete workspace snapshot exists for the point: a files rewind to it
     restores every path the dropped turns changed, whatever changed it.
     """
+    compacted: _builtins.bool
+    """The prompt lies before a compaction (/compact, or one the CLI started by
+    itself): a conversation rewind to it brings back the conversation as it
+    was before the compaction, not the summary.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -240,10 +246,11 @@ class RewindPoint(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         files_rewindable: _builtins.bool = ...,
         snapshot_available: _builtins.bool = ...,
+        compacted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "files_rewindable", b"files_rewindable", "index", b"index", "message_id", b"message_id", "resume_at_message_id", b"resume_at_message_id", "snapshot_available", b"snapshot_available", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compacted", b"compacted", "create_time", b"create_time", "files_rewindable", b"files_rewindable", "index", b"index", "message_id", b"message_id", "resume_at_message_id", b"resume_at_message_id", "snapshot_available", b"snapshot_available", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -465,6 +472,41 @@ class ConversationRewindResult(_message.Message):
 Global___ConversationRewindResult: _TypeAlias = ConversationRewindResult  # noqa: Y015
 
 @_typing.final
+class SideEffect(_message.Message):
+    """A tool call in a turn the rewind drops whose effect lies outside what any
+    rewind restores (an MCP server's tool, a web fetch or search, a command that
+    reached an allowed host): the rewind cannot take it back.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    """The rewind point (prompt) of the turn that made the call."""
+    tool: _builtins.str
+    """The tool's name as the agent called it (e.g. mcp__mail__send, WebFetch, Bash)."""
+    summary: _builtins.str
+    """A short description (a host, a URL without its query, a tool's name); never
+    a credential or the call's full input.
+    """
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "summary", b"summary", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SideEffect: _TypeAlias = SideEffect  # noqa: Y015
+
+@_typing.final
 class RewindResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -472,6 +514,7 @@ class RewindResult(_message.Message):
     FILES_FIELD_NUMBER: _builtins.int
     CONVERSATION_FIELD_NUMBER: _builtins.int
     LAST_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    SIDE_EFFECTS_FIELD_NUMBER: _builtins.int
     rewind_id: _builtins.str
     """The id of the applied rewind. Empty for a dry run."""
     last_message_id: _builtins.str
@@ -480,6 +523,10 @@ class RewindResult(_message.Message):
     def files(self) -> Global___FilesRewindResult: ...
     @_builtins.property
     def conversation(self) -> Global___ConversationRewindResult: ...
+    @_builtins.property
+    def side_effects(self) -> _containers.RepeatedCompositeFieldContainer[Global___SideEffect]:
+        """The tool calls in the dropped turns that no rewind undoes, oldest first."""
+
     def __init__(
         self,
         *,
@@ -487,14 +534,48 @@ class RewindResult(_message.Message):
         files: Global___FilesRewindResult | None = ...,
         conversation: Global___ConversationRewindResult | None = ...,
         last_message_id: _builtins.str = ...,
+        side_effects: _abc.Iterable[Global___SideEffect] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "files", b"files"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "files", b"files", "last_message_id", b"last_message_id", "rewind_id", b"rewind_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "files", b"files", "last_message_id", b"last_message_id", "rewind_id", b"rewind_id", "side_effects", b"side_effects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RewindResult: _TypeAlias = RewindResult  # noqa: Y015
+
+@_typing.final
+class SandboxCapability(_message.Message):
+    """How commands the agent runs are confined on this deployment."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    ALLOWED_HOSTS_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Every command runs confined: its own workspace and a private temporary
+    directory, no other file of the host's it should not read, no network but
+    allowed_hosts. False when the server runs with --sandbox off.
+    """
+    @_builtins.property
+    def allowed_hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The hosts commands may reach through the service's proxy (serve
+        --sandbox-allow-host): "host", "host:port" or "*.domain".
+        """
+
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        allowed_hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_hosts", b"allowed_hosts", "enabled", b"enabled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SandboxCapability: _TypeAlias = SandboxCapability  # noqa: Y015
 
 @_typing.final
 class Capabilities(_message.Message):
@@ -518,6 +599,7 @@ class Capabilities(_message.Message):
     FORK_SESSION_FIELD_NUMBER: _builtins.int
     DELETE_SESSION_FIELD_NUMBER: _builtins.int
     PROMPT_REWIND_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
     file_checkpoint_window: _builtins.int
     """How many most recent prompts still have file checkpoints."""
     dry_run: _builtins.bool
@@ -548,6 +630,10 @@ class Capabilities(_message.Message):
     """Whether PromptRequest.rewind (rewind, then prompt, as one step) is served."""
     @_builtins.property
     def modes(self) -> _containers.RepeatedScalarFieldContainer[Global___RewindMode.ValueType]: ...
+    @_builtins.property
+    def sandbox(self) -> Global___SandboxCapability:
+        """How the agent's commands are confined."""
+
     def __init__(
         self,
         *,
@@ -567,10 +653,11 @@ class Capabilities(_message.Message):
         fork_session: _builtins.bool = ...,
         delete_session: _builtins.bool = ...,
         prompt_rewind: _builtins.bool = ...,
+        sandbox: Global___SandboxCapability | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sandbox", b"sandbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authentication", b"authentication", "cli_version", b"cli_version", "delete_session", b"delete_session", "dry_run", b"dry_run", "events", b"events", "file_checkpoint_window", b"file_checkpoint_window", "fork_session", b"fork_session", "max_live_sessions", b"max_live_sessions", "model_backend", b"model_backend", "modes", b"modes", "prompt_rewind", b"prompt_rewind", "replicas", b"replicas", "sdk_version", b"sdk_version", "service_version", b"service_version", "undo_rewind", b"undo_rewind", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authentication", b"authentication", "cli_version", b"cli_version", "delete_session", b"delete_session", "dry_run", b"dry_run", "events", b"events", "file_checkpoint_window", b"file_checkpoint_window", "fork_session", b"fork_session", "max_live_sessions", b"max_live_sessions", "model_backend", b"model_backend", "modes", b"modes", "prompt_rewind", b"prompt_rewind", "replicas", b"replicas", "sandbox", b"sandbox", "sdk_version", b"sdk_version", "service_version", b"service_version", "undo_rewind", b"undo_rewind", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

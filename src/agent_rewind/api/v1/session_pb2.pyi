@@ -71,6 +71,7 @@ class Session(_message.Message):
     REPLICA_FIELD_NUMBER: _builtins.int
     WORKSPACE_SNAPSHOTS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_BYTES_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The SDK session id (a UUID)."""
     cwd: _builtins.str
@@ -102,6 +103,10 @@ class Session(_message.Message):
     def options(self) -> _struct_pb2.Struct:
         """The SDK options the session was created with, as given."""
 
+    @_builtins.property
+    def forked_from(self) -> Global___ForkOrigin:
+        """Set on a session ForkSession made: where it came from."""
+
     def __init__(
         self,
         *,
@@ -118,14 +123,43 @@ class Session(_message.Message):
         replica: _builtins.str = ...,
         workspace_snapshots: _builtins.bool = ...,
         snapshot_bytes: _builtins.int = ...,
+        forked_from: Global___ForkOrigin | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "options", b"options", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "forked_from", b"forked_from", "options", b"options", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "file_checkpointing", b"file_checkpointing", "last_message_id", b"last_message_id", "options", b"options", "principal", b"principal", "replica", b"replica", "session_id", b"session_id", "snapshot_bytes", b"snapshot_bytes", "state", b"state", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "file_checkpointing", b"file_checkpointing", "forked_from", b"forked_from", "last_message_id", b"last_message_id", "options", b"options", "principal", b"principal", "replica", b"replica", "session_id", b"session_id", "snapshot_bytes", b"snapshot_bytes", "state", b"state", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class ForkOrigin(_message.Message):
+    """The session and point a fork was made from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The source session."""
+    message_id: _builtins.str
+    """The point the fork was made at (the conversation just before it); empty
+    when the whole session was forked.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkOrigin: _TypeAlias = ForkOrigin  # noqa: Y015
 
 @_typing.final
 class UserPrompt(_message.Message):
