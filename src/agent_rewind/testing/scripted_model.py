@@ -103,9 +103,9 @@ def _plan(prompt: str, cwd: str | None, tools: set[str]) -> list[_Step]:
     steps: list[_Step] = []
     current = _Step()
 
-    def call(name: str, args: dict[str, Any]) -> None:
+    def call(name: str, args: dict[str, Any], *, offered_or_not: bool = False) -> None:
         nonlocal current
-        if name not in tools:
+        if name not in tools and not offered_or_not:
             current.text.append(f"(tool {name} is not available)")
             return
         current.tool = (name, args)
@@ -141,6 +141,18 @@ def _plan(prompt: str, cwd: str | None, tools: set[str]) -> list[_Step]:
                     "run_in_background": False,
                 },
             )
+        elif verb == "tool":
+            # Any tool with any input, as a hostile prompt could make the model ask for.
+            name, _, raw = rest.strip().partition(" ")
+            try:
+                args = json.loads(raw) if raw.strip() else {}
+            except json.JSONDecodeError:
+                args = None
+            if not isinstance(args, dict):
+                current.text.append(f"(bad tool input: {raw!r})")
+            else:
+                # Whether or not the CLI offered it: a model can name any tool.
+                call(name, args, offered_or_not=True)
         elif verb == "say":
             current.text.append(_unescape(rest))
         elif verb == "recall":
