@@ -83,7 +83,7 @@ async def _full_session(c: Client, marker: str) -> tuple[str, Path]:
     reply and file, a dropped prompt with its reply and a file named after it, a subagent's
     prompt, a prompt after the rewind; every prompt with a request id; snapshots on."""
     options = struct_pb2.Struct()
-    options.update({"system_prompt": f"You keep the secret {marker}."})
+    options.update({"system_prompt": f"You keep the secret {marker}.", "allowed_tools": ["Agent"]})
     session = await c.create(options=options, workspace_snapshots=True)
     sid, cwd = session.session_id, Path(session.cwd)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
 from agent_rewind.api.v1 import rewind_service_pb2
 from tests.integration.harness import (
@@ -364,9 +365,16 @@ async def test_a_closed_session_can_be_rewound_and_a_prompt_reopens_it(tmp_path:
         assert (await c.get(sid)).state == session_pb2.SESSION_STATE_IDLE
 
 
+def _agent_allowed() -> struct_pb2.Struct:
+    """A session that may start subagents: they exist only when named (sessions/tools.py)."""
+    options = struct_pb2.Struct()
+    options.update({"allowed_tools": ["Agent"]})
+    return options
+
+
 async def test_subagent_messages_are_streamed_but_are_not_rewind_points(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
-        session = await c.create()
+        session = await c.create(options=_agent_allowed())
         sid = session.session_id
         await c.prompt(sid, P0)
         events = await c.prompt(sid, "agent write sub.txt from the subagent\nsay delegated")
@@ -458,7 +466,7 @@ async def test_messages_dropped_counts_every_visible_message_of_the_dropped_turn
 
 async def test_not_a_rewind_point_names_what_the_message_is(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
-        session = await c.create()
+        session = await c.create(options=_agent_allowed())
         sid = session.session_id
         await c.prompt(sid, P0)
         events = await c.prompt(sid, "write d.txt dee\nagent say from the subagent")

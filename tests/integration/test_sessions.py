@@ -135,9 +135,10 @@ async def test_a_turn_runs_on_when_its_caller_stops_listening(tmp_path: Path) ->
 async def test_tools_other_than_edits_run_only_when_allowed_tools_names_them(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
         plain = await c.create()
-        events = await c.prompt(plain.session_id, "bash echo hi > shell.txt")
+        # The model asks for Bash whether or not it is offered: it does not exist here.
+        events = await c.prompt(plain.session_id, 'tool Bash {"command": "echo hi > shell.txt"}')
         denied = [e.tool_result for e in events if e.HasField("tool_result")]
-        assert denied and denied[0].is_error
+        assert denied and denied[0].is_error and "No such tool available" in denied[0].content
         assert not (Path(plain.cwd) / "shell.txt").exists()
 
         from google.protobuf import struct_pb2

@@ -31,7 +31,7 @@ CHECKPOINT = rewind_pb2.FILES_SOURCE_CHECKPOINT
 
 def _bash_allowed() -> struct_pb2.Struct:
     options = struct_pb2.Struct()
-    options.update({"allowed_tools": ["Bash"]})
+    options.update({"allowed_tools": ["Bash", "Agent"]})
     return options
 
 

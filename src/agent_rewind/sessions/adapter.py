@@ -37,6 +37,7 @@ from claude_agent_sdk import (
     PermissionResultAllow,
     PermissionResultDeny,
     ResultMessage,
+    SystemMessage,
     TextBlock,
     ToolPermissionContext,
     ToolResultBlock,
@@ -44,6 +45,7 @@ from claude_agent_sdk import (
     UserMessage,
 )
 
+from agent_rewind.sessions import tools
 from agent_rewind.sessions.events import (
     AssistantEvent,
     ConversationAnswer,
@@ -106,6 +108,11 @@ class ClientSpec:
     project_settings: bool = False
 
 
+def offered_tools(spec: ClientSpec) -> list[str]:
+    """The CLI's base tool set for the session (`--tools`): nothing the policy does not know."""
+    return tools.base_tools(spec.options.get("allowed_tools") or ())
+
+
 def build_options(spec: ClientSpec, policy: ToolPolicy) -> ClaudeAgentOptions:
     kwargs: dict[str, Any] = dict(spec.options)
     if "agents" in kwargs:
@@ -133,6 +140,8 @@ def build_options(spec: ClientSpec, policy: ToolPolicy) -> ClaudeAgentOptions:
         }
 
     kwargs.update(
+        # The only tools that exist for the agent, in subagents too (sessions/tools.py).
+        tools=offered_tools(spec),
         cli_path=str(cli_binary()),
         cwd=str(spec.cwd),
         enable_file_checkpointing=spec.checkpointing,
@@ -383,6 +392,9 @@ class SdkAgentClient:
         echoed = False
         try:
             async for message in self._client.receive_messages():
+                if isinstance(message, SystemMessage) and message.subtype == "init":
+                    await self._check_tools(message.data.get("tools"))
+                    continue
                 if isinstance(message, ResultMessage):
                     if _answers(message, prompt_id):
                         yield to_events(message, prompt_id)[0]
@@ -397,6 +409,21 @@ class SdkAgentClient:
         except (ClaudeSDKError, OSError) as err:
             raise AgentError(f"the Claude Code process failed during the turn: {err}") from err
         raise AgentError("the Claude Code process exited during the turn")
+
+    async def _check_tools(self, offered: Any) -> None:
+        """Fails closed when the CLI offers a tool beyond the session's base set: a CLI that no
+        longer honours `--tools`, or adds tools it does not govern, is ended before its turn runs."""
+        extra = tools.unexpected(
+            [str(t) for t in offered or ()],
+            offered_tools(self._spec),
+            (self._spec.options.get("mcp_servers") or {}).keys(),
+        )
+        if extra:
+            log.error("the cli offers tools the service's policy does not know; ending it", tools=extra)
+            await self.kill()
+            raise AgentError(
+                f"the Claude Code CLI offers tools the service's policy does not know: {', '.join(extra)}"
+            )
 
     async def interrupt(self) -> None:
         try:

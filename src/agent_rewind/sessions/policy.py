@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FILE_TOOLS = frozenset({"Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob", "Grep", "LS"})
+from agent_rewind.sessions.tools import FILE_TOOLS
+
+__all__ = ["FILE_TOOLS", "Decision", "ToolPolicy"]
+
 _PATH_KEYS = ("file_path", "notebook_path", "path")
 _GLOB_CHARS = frozenset("*?[{")
 
