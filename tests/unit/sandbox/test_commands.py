@@ -1,0 +1,149 @@
+"""The command sandbox's program, run for real with bubblewrap: what a command can and cannot reach.
+
+The proof that the CLI runs every command through it is tests/integration/test_confinement.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> dict[str, Path]:
+    state = tmp_path / "state"
+    workspace = state / "workspaces" / "mine"
+    other = state / "workspaces" / "theirs"
+    for d in (workspace, other):
+        d.mkdir(parents=True)
+    (other / "secret.txt").write_text("theirs\n")
+    (state / "ledger.sqlite3").write_text("ledger\n")
+    return {"state": state, "workspace": workspace, "other": other}
+
+
+def _run(sandbox: CommandSandbox, workspace: Path, command: str) -> subprocess.CompletedProcess[str]:
+    confined = sandbox.prepare("s1", workspace, proxy=False)
+    return subprocess.run(
+        [str(confined.command), command], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def sandbox(host: dict[str, Path]) -> CommandSandbox:
+    return CommandSandbox.find(host["state"] / "sandbox", need_socat=False, hidden=[host["state"]])
+
+
+def test_a_command_writes_its_workspace_and_its_tmp(sandbox: CommandSandbox, host: dict[str, Path]) -> None:
+    done = _run(sandbox, host["workspace"], "echo a > made.txt && echo b > /tmp/t && cat /tmp/t && pwd")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["b", str(host["workspace"])]
+    assert (host["workspace"] / "made.txt").read_text() == "a\n"
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["state/ledger.sqlite3", "other/secret.txt", "state"],
+    ids=["ledger", "other_workspace", "state_dir"],
+)
+def test_a_command_reads_nothing_of_the_state_dir_or_another_workspace(
+    sandbox: CommandSandbox, host: dict[str, Path], target: str
+) -> None:
+    key, _, rest = target.partition("/")
+    path = host[key] / rest if rest else host[key]
+    done = _run(sandbox, host["workspace"], f"ls -la {path}; cat {path}")
+    assert "ledger" not in done.stdout and "theirs" not in done.stdout
+
+
+def test_a_command_writes_nowhere_else(
+    sandbox: CommandSandbox, host: dict[str, Path], tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.txt"
+    done = _run(sandbox, host["workspace"], f"echo x > {outside}; echo y > /usr/x; echo z > /etc/x; echo $?")
+    assert not outside.exists()
+    assert not Path("/usr/x").exists() and not Path("/etc/x").exists()
+    assert done.stdout.strip().endswith("1")
+
+
+def test_a_planted_link_leads_nowhere_outside(sandbox: CommandSandbox, host: dict[str, Path]) -> None:
+    (host["workspace"] / "link").symlink_to(host["other"] / "secret.txt")
+    (host["workspace"] / "dirlink").symlink_to(host["other"])
+    done = _run(sandbox, host["workspace"], "cat link; ls dirlink; echo w > dirlink/new.txt")
+    assert "theirs" not in done.stdout
+    assert not (host["other"] / "new.txt").exists()
+
+
+def test_a_command_has_its_own_environment_and_processes(
+    sandbox: CommandSandbox, host: dict[str, Path]
+) -> None:
+    os.environ["AGENT_REWIND_TEST_SECRET"] = "s3cr3t"
+    try:
+        done = _run(
+            sandbox, host["workspace"], f"env; ls /proc; cat /proc/{os.getpid()}/environ; cat /proc/1/cmdline"
+        )
+    finally:
+        del os.environ["AGENT_REWIND_TEST_SECRET"]
+    assert "s3cr3t" not in done.stdout
+    pids = [int(p) for p in done.stdout.split() if p.isdigit()]
+    assert pids and max(pids) < 10, "only the sandbox's own few processes"
+
+
+def test_a_command_reaches_no_loopback_port_of_the_host(
+    sandbox: CommandSandbox, host: dict[str, Path]
+) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        done = _run(
+            sandbox,
+            host["workspace"],
+            f"python3 -c \"import socket; s=socket.socket(); s.settimeout(3); print(s.connect_ex(('127.0.0.1', {port})))\"",
+        )
+    finally:
+        listener.close()
+    assert done.stdout.strip() not in ("", "0"), done.stderr
+
+
+def test_the_service_s_files_are_hidden_where_they_would_show(tmp_path: Path, host: dict[str, Path]) -> None:
+    # /etc is in the view; a service file in it (an access file mounted from a Secret) is not.
+    files = [Path("/etc/hostname")] if Path("/etc/hostname").exists() else []
+    sandbox = CommandSandbox.find(host["state"] / "sandbox", need_socat=False, hidden=files)
+    done = _run(sandbox, host["workspace"], "cat /etc/hostname | wc -c; test -r /etc/passwd && echo passwd")
+    if files:
+        assert done.stdout.split()[0] == "0"
+    assert "passwd" in done.stdout, "the rest of /etc is there"
+
+
+def test_the_tools_agents_need_work_inside(sandbox: CommandSandbox, host: dict[str, Path]) -> None:
+    done = _run(
+        sandbox,
+        host["workspace"],
+        "git init -q repo && cd repo && echo a > a && git add a && git commit -qm first && git log --format=%s"
+        " && python3 -c 'print(6*7)' && node -e 'console.log(1+1)'",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["first", "42", "2"]
+
+
+def test_the_probe_passes_here_and_names_what_is_missing_elsewhere(
+    sandbox: CommandSandbox, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sandbox.probe()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SandboxUnavailable, match=r"bubblewrap \(bwrap\) and socat"):
+        CommandSandbox.find(tmp_path, need_socat=True)
+
+
+def test_the_probe_fails_where_bwrap_cannot_confine(tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    sandbox = CommandSandbox(root=tmp_path / "sandbox", bwrap=str(fake))
+    with pytest.raises(SandboxUnavailable, match="user namespaces"):
+        sandbox.probe()

@@ -1,0 +1,220 @@
+"""The egress proxy lets a session's commands reach the allowed hosts and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.sandbox.proxy import (
+    EgressProxy,
+    HostPattern,
+    HostPatternError,
+    allowed,
+    covers,
+    normalize_host,
+)
+
+# --- host patterns ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port", "wildcard"),
+    [
+        ("pypi.org", "pypi.org", None, False),
+        ("PyPI.org.", "pypi.org", None, False),
+        ("pypi.org:8443", "pypi.org", 8443, False),
+        ("*.example.com", "example.com", None, True),
+        ("127.0.0.1:9000", "127.0.0.1", 9000, False),
+        ("[::1]:9000", "::1", 9000, False),
+        ("bücher.example", "xn--bcher-kva.example", None, False),
+    ],
+)
+def test_a_pattern_is_read_in_its_canonical_form(
+    text: str, host: str, port: int | None, wildcard: bool
+) -> None:
+    assert HostPattern.parse(text) == HostPattern(host, port, wildcard)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "http://pypi.org",
+        "pypi.org/simple",
+        "user@pypi.org",
+        "pypi.org:0",
+        "pypi.org:99999",
+        "pypi.org:x",
+        "*.127.0.0.1",
+        "a b",
+        "pypi.org\\@evil",
+        "0x7f.1",
+        "127.1",
+        "[::1",
+    ],
+)
+def test_anything_else_is_refused(text: str) -> None:
+    with pytest.raises(HostPatternError):
+        HostPattern.parse(text)
+
+
+def test_a_bare_host_allows_its_web_ports_only() -> None:
+    patterns = [HostPattern.parse("pypi.org")]
+    assert allowed(patterns, "pypi.org", 443) and allowed(patterns, "PYPI.ORG.", 80)
+    assert not allowed(patterns, "pypi.org", 22)
+    assert not allowed(patterns, "files.pypi.org", 443)
+    assert not allowed(patterns, "pypi.org.evil.example", 443)
+
+
+def test_a_wildcard_allows_subdomains_not_the_domain_or_look_alikes() -> None:
+    patterns = [HostPattern.parse("*.example.com")]
+    assert allowed(patterns, "api.example.com", 443) and allowed(patterns, "a.b.example.com", 443)
+    assert not allowed(patterns, "example.com", 443)
+    assert not allowed(patterns, "evilexample.com", 443)
+
+
+def test_numbers_that_a_resolver_may_read_as_addresses_are_not_host_names() -> None:
+    assert normalize_host("127.1") is None and normalize_host("2130706433") is None
+    assert normalize_host("0177.0.0.1") is None
+    assert not allowed([HostPattern.parse("localhost:9")], "127.0.0.1", 9)
+
+
+def test_covers_is_true_only_for_a_narrower_list() -> None:
+    server = [HostPattern.parse("*.example.com"), HostPattern.parse("pypi.org")]
+    assert covers(server, HostPattern.parse("api.example.com"))
+    assert covers(server, HostPattern.parse("*.api.example.com"))
+    assert covers(server, HostPattern.parse("pypi.org:443"))
+    assert not covers(server, HostPattern.parse("example.com"))
+    assert not covers(server, HostPattern.parse("pypi.org:8080"))
+    assert not covers(server, HostPattern.parse("*.org"))
+
+
+# --- the proxy, with a real upstream and a real client over its socket ---------------------------
+
+
+async def _upstream() -> tuple[asyncio.AbstractServer, int, list[bytes]]:
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], seen
+
+
+@pytest.fixture
+async def proxy_and_upstream(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[EgressProxy, int, list[bytes], list[tuple[str, str, int]]]]:
+    upstream, port, seen = await _upstream()
+    reached: list[tuple[str, str, int]] = []
+    proxy = EgressProxy(
+        tmp_path / "p.sock",
+        [HostPattern.parse(f"127.0.0.1:{port}")],
+        reached=lambda s, h, p: reached.append((s, h, p)),
+    )
+    await proxy.start()
+    try:
+        yield proxy, port, seen, reached
+    finally:
+        await proxy.close()
+        upstream.close()
+        await upstream.wait_closed()
+
+
+async def _ask(proxy: EgressProxy, request: str) -> str:
+    reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+    writer.write(request.encode())
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return data.decode()
+
+
+def _auth(proxy: EgressProxy, session: str) -> str:
+    token = base64.b64encode(f"{session}:{proxy.credential(session)}".encode()).decode()
+    return f"Proxy-Authorization: Basic {token}\r\n"
+
+
+async def test_an_allowed_host_is_reached_with_the_request_in_origin_form(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, seen, reached = proxy_and_upstream
+    answer = await _ask(
+        proxy, f"GET http://127.0.0.1:{port}/a?b HTTP/1.1\r\nHost: x\r\n{_auth(proxy, 's1')}\r\n"
+    )
+    assert answer.startswith("HTTP/1.1 200") and answer.endswith("hello")
+    assert seen[0].startswith(b"GET /a?b HTTP/1.1\r\n")
+    assert b"proxy-authorization" not in seen[0].lower(), "the session's credential stays with the proxy"
+    assert reached == [("s1", "127.0.0.1", port)]
+
+
+async def test_connect_tunnels_to_an_allowed_host(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, _, _ = proxy_and_upstream
+    reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+    writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{_auth(proxy, 's1')}\r\n".encode())
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    writer.write(b"GET / HTTP/1.1\r\n\r\n")
+    assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"hello")
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        ("CONNECT 127.0.0.1:{other} HTTP/1.1", "403"),  # another port of an allowed host
+        ("CONNECT localhost:{port} HTTP/1.1", "403"),  # the same address by another name
+        ("GET http://127.0.0.1:{port}\\@evil.example/ HTTP/1.1", "400"),  # userinfo: refused
+        ("GET http://2130706433:{port}/ HTTP/1.1", "403"),  # a number a resolver reads as 127.0.0.1
+        ("GET /relative HTTP/1.1", "400"),
+        ("CONNECT 127.0.0.1 HTTP/1.1", "400"),
+    ],
+)
+async def test_everything_else_is_refused_before_a_byte_leaves(
+    proxy_and_upstream, request_line: str, status: str
+) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, seen, reached = proxy_and_upstream
+    line = request_line.format(port=port, other=port + 1)
+    answer = await _ask(proxy, f"{line}\r\n{_auth(proxy, 's1')}\r\n")
+    assert answer.startswith(f"HTTP/1.1 {status}"), answer
+    assert seen == [] and reached == []
+
+
+async def test_no_credential_or_another_session_s_is_407(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, seen, _ = proxy_and_upstream
+    assert (await _ask(proxy, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n")).startswith("HTTP/1.1 407")
+    forged = base64.b64encode(f"s2:{proxy.credential('s1')}".encode()).decode()
+    answer = await _ask(
+        proxy, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic {forged}\r\n\r\n"
+    )
+    assert answer.startswith("HTTP/1.1 407")
+    assert seen == []
+
+
+async def test_a_session_s_narrower_list_is_honoured(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, _, _ = proxy_and_upstream
+    proxy.narrow("s1", (HostPattern.parse("pypi.org"),))
+    assert (await _ask(proxy, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{_auth(proxy, 's1')}\r\n")).startswith(
+        "HTTP/1.1 403"
+    )
+    proxy.narrow("s1", None)
+    reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+    writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{_auth(proxy, 's1')}\r\n".encode())
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+async def test_an_unreachable_allowed_host_is_502(tmp_path: Path) -> None:
+    proxy = EgressProxy(tmp_path / "p.sock", [HostPattern.parse("127.0.0.1:1")])
+    await proxy.start()
+    try:
+        answer = await _ask(proxy, f"CONNECT 127.0.0.1:1 HTTP/1.1\r\n{_auth(proxy, 's')}\r\n")
+        assert answer.startswith("HTTP/1.1 502")
+    finally:
+        await proxy.close()
