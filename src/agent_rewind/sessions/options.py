@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agent_rewind.errors import InvalidArgument, OptionNotAllowed
+from agent_rewind.sandbox.proxy import HostPattern, HostPatternError, covers
+from agent_rewind.sessions import tools
 
 MAX_OPTIONS_BYTES = 64 * 1024
 _MAX_TEXT = 32 * 1024
@@ -40,6 +42,8 @@ class OperatorOptions:
     allow_stdio_mcp: bool = False
     # Hosts remote MCP servers may be on ("host" or "host:port"); empty: no remote MCP at all.
     mcp_hosts: frozenset[str] = field(default_factory=frozenset)
+    # The hosts the command sandbox lets commands reach (--sandbox-allow-host); None: no sandbox.
+    sandbox_hosts: tuple[str, ...] | None = ()
 
 
 def _text(field: str, value: Any, *, limit: int = _MAX_TEXT, empty: bool = False) -> str:
@@ -60,6 +64,17 @@ def _names(field: str, value: Any) -> list[str]:
     if len(value) > _MAX_LIST:
         raise InvalidArgument(field, f"must hold at most {_MAX_LIST} entries")
     return [_text(f"{field}[{i}]", v, limit=_MAX_NAME) for i, v in enumerate(value)]
+
+
+def _allowed_tools(field: str, value: Any) -> list[str]:
+    names = _names(field, value)
+    for i, tool in tools.refused_in(names):
+        raise OptionNotAllowed(
+            f"{field}[{i}]",
+            f"{tool} reaches other sessions, starts turns of its own or leaves the workspace; "
+            "no session of this service may have it",
+        )
+    return names
 
 
 def _integer(field: str, value: Any, *, low: int, high: int) -> int:
@@ -223,6 +238,34 @@ def _mcp_servers(field: str, value: Any, operator: OperatorOptions) -> dict[str,
     return out
 
 
+def _sandbox(field: str, value: Any, operator: OperatorOptions) -> dict[str, Any]:
+    """`{"network": {"allowedDomains": [...]}}`: the hosts this session's commands may reach, each
+    within what the operator allows. A session may narrow the server's list, never widen it."""
+    if operator.sandbox_hosts is None:
+        raise OptionNotAllowed(field, "this server runs without a command sandbox (--sandbox off)")
+    network = _object(field, value, {"network"}, {"network"})["network"]
+    domains = _object(f"{field}.network", network, {"allowedDomains"}, {"allowedDomains"})["allowedDomains"]
+    names = _names(f"{field}.network.allowedDomains", domains)
+    server = [HostPattern.parse(h) for h in operator.sandbox_hosts]
+    for i, name in enumerate(names):
+        where = f"{field}.network.allowedDomains[{i}]"
+        try:
+            pattern = HostPattern.parse(name)
+        except HostPatternError as err:
+            raise InvalidArgument(where, str(err)) from None
+        if not covers(server, pattern):
+            raise OptionNotAllowed(where, f"{name!r} is not within the hosts the operator allows")
+    return {"network": {"allowedDomains": names}}
+
+
+def sandbox_hosts(options: Mapping[str, Any]) -> tuple[HostPattern, ...] | None:
+    """The session's own list of hosts its commands may reach (checked options), or None."""
+    sandbox = options.get("sandbox")
+    if not isinstance(sandbox, dict):
+        return None
+    return tuple(HostPattern.parse(h) for h in sandbox["network"]["allowedDomains"])
+
+
 def _header(field: str, name: Any) -> str:
     if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
         raise InvalidArgument(field, f"{name!r} is not a header name")
@@ -254,7 +297,7 @@ ALLOWED: dict[str, _Check] = {
     "model": lambda f, v, o: _text(f, v, limit=_MAX_NAME),
     "fallback_model": lambda f, v, o: _text(f, v, limit=_MAX_NAME),
     "system_prompt": lambda f, v, o: _system_prompt(f, v),
-    "allowed_tools": lambda f, v, o: _names(f, v),
+    "allowed_tools": lambda f, v, o: _allowed_tools(f, v),
     "disallowed_tools": lambda f, v, o: _names(f, v),
     "max_turns": lambda f, v, o: _integer(f, v, low=1, high=100_000),
     "max_budget_usd": lambda f, v, o: _number(f, v, low=0.0, high=1e6),
@@ -264,6 +307,7 @@ ALLOWED: dict[str, _Check] = {
     "agents": lambda f, v, o: _agents(f, v),
     "permission_mode": _permission_mode,
     "mcp_servers": _mcp_servers,
+    "sandbox": _sandbox,
 }
 
 

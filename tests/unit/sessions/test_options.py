@@ -58,6 +58,7 @@ def test_the_allowlist_is_exactly_the_options_that_stay_inside_the_workspace() -
         "agents",
         "permission_mode",
         "mcp_servers",
+        "sandbox",
     }
 
 
@@ -82,7 +83,6 @@ def test_the_allowlist_is_exactly_the_options_that_stay_inside_the_workspace() -
         "can_use_tool",
         "permission_prompt_tool_name",
         "strict_mcp_config",
-        "sandbox",
         "skills",
         "user",
         "tools",
@@ -473,3 +473,71 @@ def test_stored_options_no_longer_allowed_are_dropped_and_named() -> None:
     assert sorted(dropped) == ["add_dirs", "permission_mode", "settings"]
     kept, dropped = sanitize(stored, OperatorOptions(allow_bypass_permissions=True))
     assert kept["permission_mode"] == "bypassPermissions" and "permission_mode" not in dropped
+
+
+# --- allowed_tools: tools no session may have --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tool", ["ListAgents", "SendMessage", "ScheduleWakeup", "CronCreate", "EnterWorktree"]
+)
+def test_a_tool_that_reaches_other_sessions_or_starts_turns_is_refused_by_name(tool: str) -> None:
+    err = not_allowed({"allowed_tools": ["Read", f"{tool}(*)" if tool == "CronCreate" else tool]})
+    assert err.field == "options.allowed_tools[1]"
+    assert tool in err.message
+
+
+def test_other_tool_names_pass_as_given() -> None:
+    from agent_rewind.sessions.options import validate
+
+    names = ["Bash(git status:*)", "mcp__docs__search", "SomeToolThisServiceDoesNotKnow"]
+    assert validate({"allowed_tools": names}, NO_FLAGS) == {"allowed_tools": names}
+
+
+# --- sandbox: a session narrows the hosts its commands may reach --------------------------------
+
+
+def _hosts(*hosts: str) -> OperatorOptions:
+    return OperatorOptions(sandbox_hosts=hosts)
+
+
+def test_a_session_may_narrow_the_allowed_hosts() -> None:
+    from agent_rewind.sessions.options import sandbox_hosts, validate
+
+    options = {"sandbox": {"network": {"allowedDomains": ["api.example.com", "pypi.org:443"]}}}
+    checked = validate(options, _hosts("*.example.com", "pypi.org"))
+    assert checked == options
+    assert [str(p) for p in sandbox_hosts(checked) or ()] == ["api.example.com", "pypi.org:443"]
+
+
+@pytest.mark.parametrize(
+    ("server", "asked"),
+    [
+        (("pypi.org",), "evil.example"),
+        (("pypi.org",), "*.pypi.org"),  # a wildcard is wider than one host
+        (("pypi.org",), "pypi.org:22"),  # another port
+        (("api.example.com:8443",), "api.example.com"),  # 80 and 443 are not 8443
+        ((), "pypi.org"),  # the operator allows none
+    ],
+)
+def test_a_session_may_never_widen_the_allowed_hosts(server: tuple[str, ...], asked: str) -> None:
+    err = not_allowed({"sandbox": {"network": {"allowedDomains": [asked]}}}, _hosts(*server))
+    assert err.field == "options.sandbox.network.allowedDomains[0]"
+
+
+def test_the_sandbox_option_is_refused_without_a_sandbox() -> None:
+    err = not_allowed({"sandbox": {"network": {"allowedDomains": []}}}, OperatorOptions(sandbox_hosts=None))
+    assert err.field == "options.sandbox"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"enabled": False},  # the sandbox is the operator's, not the caller's
+        {"network": {"allowedDomains": ["x"], "allowUnixSockets": ["/run/docker.sock"]}},
+        {"network": {"allowedDomains": "pypi.org"}},
+    ],
+)
+def test_nothing_else_of_the_sdk_s_sandbox_settings_is_accepted(value: dict[str, Any]) -> None:
+    err = refused({"sandbox": value}, _hosts("pypi.org"))
+    assert err.field.startswith("options.sandbox")
