@@ -101,6 +101,12 @@ class Config:
     snapshot_watch: bool = True
     # Rewind points per session (the newest) that keep their snapshots; 0 for all.
     snapshot_retention: int = 0
+    # The command sandbox (sandbox/): "on" confines every command the agent runs; the hosts
+    # its commands may reach through the egress proxy ("host", "host:port", "*.domain").
+    sandbox: Literal["on", "off"] = "on"
+    sandbox_allow_hosts: tuple[str, ...] = ()
+    # A file holding the database password (a Secret mounted as a file), rather than the URL.
+    database_password_file: Path | None = None
     # The environment the CLI processes see, beyond what the service sets itself.
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -124,12 +130,18 @@ class Config:
             tls_key=absolute(self.tls_key),
             tls_client_ca=absolute(self.tls_client_ca),
             replica_ca=absolute(self.replica_ca),
+            database_password_file=absolute(self.database_password_file),
         )
 
     @property
     def claude_config_dir(self) -> Path:
         """Where the CLI keeps transcripts and file backups ($CLAUDE_CONFIG_DIR)."""
         return self.state_dir / "claude"
+
+    @property
+    def sessions_dir(self) -> Path:
+        """Each session's own directories for its CLI: temporary, scratch, runtime, sandbox."""
+        return self.state_dir / "sessions"
 
     @property
     def ledger_path(self) -> Path:
@@ -357,6 +369,15 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         default_help="none: ledger.sqlite3 in the state dir",
     ),
     Flag(
+        "--database-password-file",
+        "database_password_file",
+        "a file holding the database password (its first line), so that it is in no URL, command "
+        "line or environment",
+        convert=Path,
+        metavar="FILE",
+        default_help="none",
+    ),
+    Flag(
         "--workspace-root",
         "workspace_roots",
         "a directory session workspaces must resolve under; repeatable",
@@ -401,6 +422,24 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         convert=seconds,
         metavar="S",
         default_help="604800 (7 days)",
+    ),
+    Flag(
+        "--sandbox",
+        "sandbox",
+        "on: every command the agent runs is confined to its workspace, with no network but the "
+        "allowed hosts (needs bubblewrap; docs/security.md); off: commands run unconfined, as the service's user",
+        choices=("on", "off"),
+    ),
+    Flag(
+        "--sandbox-allow-host",
+        "sandbox_allow_hosts",
+        "a host the agent's commands may reach through the sandbox's proxy: host (ports 80 and 443), "
+        "host:port or *.domain; repeatable",
+        metavar="HOST",
+        repeatable=True,
+        separator=",",
+        env="AGENT_REWIND_SANDBOX_ALLOW_HOSTS",
+        default_help="none",
     ),
     Flag(
         "--allow-bypass-permissions",

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 import structlog
@@ -33,6 +36,10 @@ from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
 from agent_rewind.rpc.session_service import SessionServicer
+from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, environment
+from agent_rewind.sandbox.commands import private_directories, session_dir
+from agent_rewind.sandbox.proxy import EgressProxy, HostPattern, HostPatternError
+from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.adapter import AgentClient, ClientSpec, SdkAgentClient
 from agent_rewind.sessions.live import LiveSlots, default_max_live
 from agent_rewind.sessions.policy import ToolPolicy
@@ -53,24 +60,54 @@ SERVICE_NAMES = (SESSION_SERVICE.full_name, REWIND_SERVICE.full_name)
 
 
 def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, str]:
-    """The environment of every CLI process, on top of the service's own.
+    """The environment of every CLI process: an allowlist of the service's (sandbox/environment.py).
 
-    With the offline model, every ANTHROPIC_* variable of the service's environment is
-    blanked so a stray key or gateway can never change where the CLI sends requests.
+    With the offline model, no ANTHROPIC_* variable of the service's environment is passed on,
+    so a stray key or gateway can never change where the CLI sends requests.
     """
-    env = {
-        "CLAUDE_CONFIG_DIR": str(config.claude_config_dir),
-        "HOME": str(config.state_dir / "home"),
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    # The service's own settings (a database URL with its password, the access file's path) are
-    # none of the agent's business: an agent allowed Bash could print its environment.
-    env.update({k: "" for k in os.environ if k.startswith("AGENT_REWIND_")})
-    if model is not None:
-        env.update({k: "" for k in os.environ if k.startswith("ANTHROPIC_")})
-        env.update(ANTHROPIC_BASE_URL=model.base_url, ANTHROPIC_API_KEY="offline-scripted-model")
-    env.update(config.extra_env)
-    return env
+    return environment.cli_environment(
+        os.environ,
+        config_dir=str(config.claude_config_dir),
+        home=str(config.state_dir / "home"),
+        offline_model_url=model.base_url if model is not None else None,
+        extra=config.extra_env,
+    )
+
+
+def service_files(config: Config) -> list[Path]:
+    """The service's own files and directories, which no command of an agent may read."""
+    files = [config.access_file, config.tls_cert, config.tls_key, config.tls_client_ca, config.replica_ca]
+    files.append(config.database_password_file)
+    return [config.state_dir, *config.workspace_roots, *(f for f in files if f is not None)]
+
+
+async def _start_sandbox(config: Config) -> tuple[CommandSandbox | None, EgressProxy | None]:
+    """The command sandbox (and, with allowed hosts, its egress proxy), checked to work here."""
+    if config.sandbox == "off":
+        log.warning(
+            "sandbox off (--sandbox off): the agent's commands run unconfined, as the service's "
+            "user, with its files and network"
+        )
+        return None, None
+    try:
+        patterns = [HostPattern.parse(h) for h in config.sandbox_allow_hosts]
+    except HostPatternError as err:
+        raise StartError(f"--sandbox-allow-host: {err}", usage=True) from err
+    root = config.sessions_dir
+    try:
+        sandbox = CommandSandbox.find(root, need_socat=bool(patterns), hidden=service_files(config))
+        await asyncio.to_thread(sandbox.probe)
+    except SandboxUnavailable as err:
+        raise StartError(str(err), usage=True) from err
+    if not patterns:
+        log.info("sandbox on: commands confined, no network")
+        return sandbox, None
+    proxy = EgressProxy(config.state_dir / "proxy.sock", patterns)
+    await proxy.start()
+    log.info(
+        "sandbox on: commands confined, network only to the allowed hosts", hosts=[str(p) for p in patterns]
+    )
+    return dataclasses.replace(sandbox, proxy_socket=proxy.socket_path), proxy
 
 
 # What the CLI accepts as credentials for a real model (API key, OAuth or gateway token, a cloud
@@ -86,7 +123,12 @@ CREDENTIAL_VARIABLES = (
 
 
 class StartError(Exception):
-    """The server cannot start with this configuration; the message says why."""
+    """The server cannot start with this configuration; the message says why. A usage error
+    (a flag this host cannot honour) exits 2, like a bad flag."""
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 def choose_backend(config: Config, environ: Mapping[str, str] | None = None) -> str:
@@ -119,6 +161,8 @@ class RunningServer:
     authenticated: bool = False
     side: SidePorts | None = None
     snapshots: Snapshots | None = None
+    sandbox: CommandSandbox | None = None
+    proxy: EgressProxy | None = None
     membership: Membership | None = None
     forwarder: Forwarder | None = None
     _stopped: bool = False
@@ -155,6 +199,8 @@ class RunningServer:
             self.snapshots.close()
         if self.side is not None:
             await self.side.stop()
+        if self.proxy is not None:
+            await self.proxy.close()
         log.info("stopped")
 
 
@@ -200,9 +246,26 @@ class SidePorts:
             self._unobserve = None
 
 
-def default_factory(config: Config) -> ClientFactory:
+def default_factory(
+    config: Config, sandbox: CommandSandbox | None = None, proxy: EgressProxy | None = None
+) -> ClientFactory:
     def make(spec: ClientSpec) -> AgentClient:
         policy = ToolPolicy(spec.cwd, spec.options.get("allowed_tools") or ())
+        if proxy is not None:
+            proxy.narrow(spec.session_id, session_options.sandbox_hosts(spec.options))
+        # Its own temporary, scratch and runtime directories (erased with it), and with the
+        # sandbox on, the program that confines its commands.
+        own = (
+            sandbox.prepare(
+                spec.session_id,
+                spec.cwd,
+                proxy=proxy is not None,
+                proxy_url=proxy.url(spec.session_id) if proxy is not None else "",
+            )
+            if sandbox is not None
+            else private_directories(session_dir(config.sessions_dir, spec.session_id))
+        )
+        spec = dataclasses.replace(spec, env={**spec.env, **own.environment()})
         return SdkAgentClient(spec, policy, connect_timeout=config.connect_timeout)
 
     return make
@@ -223,7 +286,15 @@ async def _open_ledger(config: Config) -> Ledger:
         raise ImportError(
             f"--database-url needs the PostgreSQL driver: pip install 'agent-rewind[postgres]' ({err})"
         ) from err
-    ledger = await PostgresLedger.open(config.database_url, lock_timeout=config.ledger_busy_timeout)
+    password = None
+    if config.database_password_file is not None:
+        try:
+            password = config.database_password_file.read_text().splitlines()[0].strip()
+        except (OSError, IndexError, UnicodeDecodeError) as err:
+            raise StartError(f"--database-password-file {config.database_password_file}: {err}") from err
+    ledger = await PostgresLedger.open(
+        config.database_url, lock_timeout=config.ledger_busy_timeout, password=password
+    )
     log.info("ledger", backend="postgresql")
     return ledger
 
@@ -338,6 +409,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
+    sandbox, proxy = await _start_sandbox(config)
     model = ScriptedModel().start() if backend == "offline" else None
     if model is not None:
         log.warning(
@@ -349,10 +421,12 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         log.info("model backend", backend=backend)
     try:
         ledger = await _open_ledger(config)
-    except (SchemaTooNew, StorageUnavailable, ImportError) as err:
+    except (SchemaTooNew, StorageUnavailable, ImportError, StartError) as err:
         if model is not None:
             model.stop()
-        raise StartError(str(err)) from err
+        if proxy is not None:
+            await proxy.close()
+        raise err if isinstance(err, StartError) else StartError(str(err)) from err
     try:
         await _trim_events(ledger, config)
     except Exception as err:
@@ -374,7 +448,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     log.info("live process bound", max_live_sessions=live.capacity)
     ctx = WorkerContext(
         ledger=ledger,
-        client_factory=client_factory or default_factory(config),
+        client_factory=client_factory or default_factory(config, sandbox, proxy),
         cli_env=cli_environment(config, model),
         claude_config_dir=config.claude_config_dir,
         idle_timeout=config.idle_timeout,
@@ -432,7 +506,16 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         server,
         REWIND_SERVICE,
         RewindServicer(
-            registry, engine, tokens, authenticator, backend, hub, live.capacity, membership, forwarder
+            registry,
+            engine,
+            tokens,
+            authenticator,
+            backend,
+            hub,
+            live.capacity,
+            membership,
+            forwarder,
+            sandbox_hosts=tuple(config.sandbox_allow_hosts) if sandbox is not None else None,
         ),
     )
     health_servicer = health.aio.HealthServicer()
@@ -491,6 +574,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     )
     running.side = side
     running.snapshots = snapshots
+    running.sandbox = sandbox
+    running.proxy = proxy
     running.membership = membership
     running.forwarder = forwarder
     running.authenticated = authenticator.enabled
@@ -521,7 +606,13 @@ def run(config: Config) -> int:
     configure(config.log_format, config.log_level)
     try:
         asyncio.run(_serve(config))
-    except (OSError, StartError) as err:
+    except StartError as err:
+        log.error("cannot start", error=str(err))
+        if err.usage:
+            print(f"agent-rewind serve: error: {err}", file=sys.stderr)
+            return 2
+        return 1
+    except OSError as err:
         log.error("cannot start", error=str(err))
         return 1
     return 0

@@ -81,8 +81,12 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         max_live_sessions: int = 0,
         membership: Membership | None = None,
         forwarder: Forwarder | None = None,
+        *,
+        sandbox_hosts: tuple[str, ...] | None = None,
     ) -> None:
         self.forwarder = forwarder
+        # The hosts the command sandbox lets commands reach; None: no sandbox (--sandbox off).
+        self._sandbox_hosts = sandbox_hosts
         self._registry = registry
         self._membership = membership
         self._engine = engine
@@ -115,6 +119,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             fork_session=True,
             delete_session=True,
             prompt_rewind=True,
+            sandbox=rewind_pb2.SandboxCapability(
+                enabled=self._sandbox_hosts is not None, allowed_hosts=self._sandbox_hosts or ()
+            ),
         )
 
     @unary

@@ -234,6 +234,7 @@ class PostgresLedger:
         connection_timeout: float = 5.0,
         lock_timeout: float = 5.0,
         vacuum_full: bool = False,
+        password: str | None = None,
     ) -> PostgresLedger:
         """Connects, migrates the schema to the newest version, and opens a pool of connections.
 
@@ -244,6 +245,8 @@ class PostgresLedger:
         newer version; StorageUnavailable for a server that cannot be reached. Every replica
         of a deployment opens the same database (each loads only the sessions it owns)."""
         params = conninfo_to_dict(url)
+        if password:  # from --database-password-file: in no URL, command line or environment
+            params["password"] = password
         params.setdefault("connect_timeout", max(2, int(connection_timeout)))
         conninfo = make_conninfo("", **params)
         try:
