@@ -122,9 +122,9 @@ class RequestIdReused(AgentRewindError):
 class WorkspaceOutsideRoot(AgentRewindError):
     reason = "WORKSPACE_OUTSIDE_ROOT"
 
-    def __init__(self, cwd: str, roots: list[str]) -> None:
+    def __init__(self, cwd: str, roots: list[str], why: str = "") -> None:
         super().__init__(
-            f"cwd {cwd!r} resolves outside the workspace roots {roots}",
+            why or f"cwd {cwd!r} resolves outside the workspace roots {roots}",
             metadata={"cwd": cwd, "workspace_roots": ",".join(roots)},
         )
 

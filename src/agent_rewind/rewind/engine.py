@@ -33,6 +33,7 @@ from agent_rewind.errors import (
     RewindConflict,
     SnapshotUnavailable,
     StorageUnavailable,
+    WorkspaceOutsideRoot,
 )
 from agent_rewind.rewind import checkpoints, workspace
 from agent_rewind.rewind.outcome import (
@@ -46,6 +47,7 @@ from agent_rewind.rewind.outcome import (
     refuse,
 )
 from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
+from agent_rewind.sessions import workspaces
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
@@ -218,8 +220,15 @@ class RewindEngine:
         files = FilesHalf()
         snapshot: workspace.SnapshotPlan | None = None
         now: Snapshot | None = None
-        served = await self._from_snapshots(worker, point, req) if req.mode.files else None
-        if served is not None:
+        intact = not req.mode.files or workspaces.intact(worker.record.cwd)
+        served = await self._from_snapshots(worker, point, req) if req.mode.files and intact else None
+        if not intact:
+            # The workspace (or a directory on the way) was replaced by a link: a restore would
+            # write wherever it leads.
+            cwd = worker.record.cwd
+            why = f"the workspace {cwd!r} is no longer a directory of its own: it, or a directory on the way, is a link"
+            files = FilesHalf(True, refusal=refuse(WorkspaceOutsideRoot(cwd, [], why)))
+        elif served is not None:
             files, snapshot, now = served
         elif req.mode.files:
             if not worker.record.checkpointing:

@@ -32,7 +32,7 @@ from agent_rewind.errors import (
     WorkspaceOutsideRoot,
 )
 from agent_rewind.replicas import Elsewhere, Owners
-from agent_rewind.sessions import erasure, forking
+from agent_rewind.sessions import erasure, forking, workspaces
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
 from agent_rewind.snapshots import SnapshotStore
@@ -112,6 +112,7 @@ class SessionRegistry:
             allow_bypass_permissions=config.allow_bypass_permissions,
             allow_stdio_mcp=config.allow_stdio_mcp,
             mcp_hosts=frozenset(h.lower() for h in config.mcp_hosts),
+            sandbox_hosts=tuple(config.sandbox_allow_hosts) if config.sandbox == "on" else None,
         )
 
     async def load(self) -> None:
@@ -134,7 +135,7 @@ class SessionRegistry:
                 await self._finish_erasure(tombstone)
         for record in await self._ledger.sessions():
             if record.replica == me:  # (another's: calls for it are forwarded there)
-                self._register(record)
+                self._register_checked(record)
 
     async def adopt(self, session_ids: list[str]) -> list[SessionWorker]:
         """Registers sessions this replica just took over from one whose lease ran out (on
@@ -147,9 +148,20 @@ class SessionRegistry:
                 tombstone = await self._ledger.tombstone(session_id)
                 if tombstone is not None and tombstone.erasure is not None:
                     await self._finish_erasure(tombstone)
-            elif session_id not in self._workers:
-                adopted.append(self._register(record))
+            elif session_id not in self._workers and (worker := self._register_checked(record)):
+                adopted.append(worker)
         return adopted
+
+    def _register_checked(self, record: SessionRecord) -> SessionWorker | None:
+        """Registers a stored session unless its workspace lies outside every root now."""
+        if not workspaces.stored_workspace_allowed(record.cwd, self._config.workspace_roots):
+            log.error(
+                "a stored session's workspace lies outside every workspace root; it is not served",
+                session_id=record.session_id,
+                cwd=record.cwd,
+            )
+            return None
+        return self._register(record)
 
     async def _finish_erasure(self, tombstone: Tombstone) -> None:
         log.warning("finishing the erasure of a deleted session", session_id=tombstone.session_id)
@@ -539,6 +551,8 @@ class SessionRegistry:
                 repository = snapshots.root / f"{session_id}.git"
             if repository.exists() or repository.is_symlink():
                 await asyncio.to_thread(erasure.remove_tree, repository)
+            # The CLI's temporary and scratch directories, its runtime directory, its sandbox.
+            await asyncio.to_thread(erasure.remove_tree, self._config.sessions_dir / session_id)
             if plan.get("workspace") and cwd:
                 try:
                     await asyncio.to_thread(erasure.remove_workspace, cwd, self._config.workspace_roots)

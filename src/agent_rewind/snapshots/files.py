@@ -64,12 +64,37 @@ def _blocked(path: str, err: OSError) -> UnsafePath:
     return UnsafePath(path, f"a parent is a symbolic link or not a directory ({err.strerror})")
 
 
+def _open_root(root: Path) -> int:
+    """The workspace's descriptor, reached from `/` one directory at a time without following a
+    link: a workspace (or a directory on the way) that was replaced by a link is UnsafePath, so
+    nothing is read or written wherever it leads. FileNotFoundError when it does not exist."""
+    if not root.is_absolute():
+        raise UnsafePath(str(root), "the workspace's path is not absolute")
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for part in root.parts[1:]:
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                raise
+            except OSError as err:
+                raise UnsafePath(
+                    str(root), f"the workspace, or a directory on the way to it, is a link ({err.strerror})"
+                ) from None
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Workspace:
     """Reads and writes files under `root` without following any symlink inside it. Close it
     (or use it as a context manager) to release the root's descriptor."""
 
     def __init__(self, root: Path) -> None:
-        self._root = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root = _open_root(root)
         self._dirty: set[tuple[str, ...]] = set()
 
     def __enter__(self) -> Workspace:

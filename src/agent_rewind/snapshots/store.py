@@ -708,7 +708,11 @@ class SnapshotStore:
         targets = sorted(set(paths))
         for path in targets:
             split(path)  # UnsafePath before anything is touched
-        with self._lock, self._objects as blobs, Workspace(self.workspace) as workspace:
+        try:
+            opened = Workspace(self.workspace)
+        except UnsafePath as err:
+            raise RestoreError(f"nothing was changed: {err}", rolled_back=True) from err
+        with self._lock, self._objects as blobs, opened as workspace:
             want = self._entries_at(tree, targets)
             before = self._entries_at(rollback, targets)
             now = {p: workspace.entry(p) for p in targets}
