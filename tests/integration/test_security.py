@@ -86,18 +86,24 @@ async def test_settings_hooks_mcp_commands_and_skills_planted_on_disk_run_nothin
 
 
 async def test_an_operator_who_trusts_project_settings_gets_them(tmp_path: Path) -> None:
-    """The control: the same planted hook runs when the operator opts in, so the test above can see."""
-    markers = tmp_path / "markers"
-    markers.mkdir()
+    """The control: the same planted hook runs when the operator opts in, so the test above can
+    see. It runs in the command sandbox like every command: it can write the workspace only."""
     state = tmp_path / "state"
-    claude = state / "workspaces" / "trusted" / ".claude"
+    workspace = state / "workspaces" / "trusted"
+    claude = workspace / ".claude"
     claude.mkdir(parents=True)
-    hook = {"type": "command", "command": f"touch {markers / 'workspace-SessionStart'}"}
+    outside = tmp_path / "markers"
+    outside.mkdir()
+    hook = {
+        "type": "command",
+        "command": f"touch {workspace / 'workspace-SessionStart'}; touch {outside / 'escaped'}",
+    }
     (claude / "settings.json").write_text(json.dumps({"hooks": {"SessionStart": [{"hooks": [hook]}]}}))
     async with serve(state, trust_project_settings=True) as c:
         sid = (await c.create(cwd="trusted")).session_id
         await c.prompt(sid, "say one")
-    assert "workspace-SessionStart" in {p.name for p in markers.iterdir()}
+    assert (workspace / "workspace-SessionStart").exists()
+    assert not (outside / "escaped").exists(), "the hook ran confined"
 
 
 @pytest.mark.parametrize(
