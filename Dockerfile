@@ -42,9 +42,11 @@ RUN pip install --no-deps . \
 FROM ${PYTHON_IMAGE} AS runtime
 
 # tini as PID 1: it forwards SIGTERM to the service (which shuts down gracefully) and reaps the
-# orphans the CLI's tool processes can leave behind.
+# orphans the CLI's tool processes can leave behind. git: workspace snapshots. bubblewrap and
+# socat: the command sandbox every command of an agent runs in, and its bridge to the egress
+# proxy (docs/security.md); the pod needs the seccomp profile of deploy/seccomp/ for it.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini \
+    && apt-get install -y --no-install-recommends tini git bubblewrap socat \
     && rm -rf /var/lib/apt/lists/*
 
 ARG UID=10001

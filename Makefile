@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: run test lint fmt proto demo bench soak fuzz clean
+.PHONY: run test lint fmt proto demo bench soak fuzz clean system
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,10 +14,13 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-run: $(STAMP)  ## start the service (offline scripted model unless ANTHROPIC_API_KEY is set)
+system:  ## the host's programs: bubblewrap and socat (the sandbox), git (snapshots)
+	@sh scripts/ensure_system.sh
+
+run: $(STAMP) system  ## start the service (offline scripted model unless ANTHROPIC_API_KEY is set)
 	$(VENV)/bin/agent-rewind serve $(ARGS)
 
-test: $(STAMP)  ## unit and integration tests, against the real Claude Code CLI
+test: $(STAMP) system  ## unit and integration tests, against the real Claude Code CLI
 	$(PY) -m pytest $(ARGS)
 
 lint: $(STAMP)  ## ruff, mypy --strict, proto lint
@@ -36,15 +39,15 @@ proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 from protos/
 demo: $(STAMP)  ## walk through the product against a running `make run`
 	$(PY) scripts/demo.py $(ARGS)
 
-bench: $(STAMP)  ## speed targets, medians side by side
+bench: $(STAMP) system  ## speed targets, medians side by side
 	$(PY) -m benchmarks $(ARGS)
 
-fuzz: $(STAMP)  ## every hostile-input property and RPC fuzz with at least 10,000 examples each, and the workspace watch's model with 3,000 (tens of minutes)
+fuzz: $(STAMP) system  ## every hostile-input property and RPC fuzz with at least 10,000 examples each, and the workspace watch's model with 3,000 (tens of minutes)
 	AGENT_REWIND_FUZZ=1 AGENT_REWIND_WATCH_EXAMPLES=3000 $(PY) -m pytest tests/unit/test_hostile_input.py \
 		tests/integration/test_fuzz.py tests/unit/snapshots/test_watch.py \
 		-p no:cacheprovider --hypothesis-show-statistics -q $(ARGS)
 
-soak: $(STAMP)  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)
+soak: $(STAMP) system  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)
 	$(PY) scripts/soak.py $(ARGS)
 
 clean:

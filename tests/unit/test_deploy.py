@@ -547,7 +547,8 @@ def test_every_container_has_resources_and_a_locked_down_security_context(render
         assert security["allowPrivilegeEscalation"] is False
         assert security.get("privileged") is not True
         assert security["capabilities"] == {"drop": ["ALL"]}
-        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        # The command sandbox's user namespaces: the profile shipped in deploy/seccomp/.
+        assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": "agent-rewind.json"}
         resources = container["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]), container["name"]
         assert "memory" in resources["limits"], container["name"]
