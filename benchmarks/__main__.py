@@ -12,11 +12,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import events, memory, overhead, points, replicas, rewind, snapshots
+from benchmarks import events, memory, overhead, points, replicas, rewind, sandbox, snapshots
 from benchmarks.common import Report, machine
 from benchmarks.docs import DOC, update_results
 
-BENCHMARKS = ("points", "rewind", "memory", "events", "overhead", "snapshots", "replicas")
+BENCHMARKS = ("points", "rewind", "memory", "events", "overhead", "snapshots", "replicas", "sandbox")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": lambda: overhead.run(work / "overhead", quick=args.quick),
         "snapshots": lambda: snapshots.run(work / "snapshots", quick=args.quick),
         "replicas": lambda: replicas.run(work / "replicas", quick=args.quick),
+        "sandbox": lambda: sandbox.run(work / "sandbox", quick=args.quick),
     }
     reports: list[Report] = []
     started = time.monotonic()

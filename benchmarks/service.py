@@ -20,9 +20,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf import struct_pb2
 
 from agent_rewind.api.v1 import (
     rewind_pb2,
@@ -46,16 +47,17 @@ CONVERSATION = rewind_pb2.REWIND_MODE_CONVERSATION
 BOTH = rewind_pb2.REWIND_MODE_BOTH
 
 
-def bench_config(state_dir: Path) -> Config:
-    return Config(
-        state_dir=state_dir,
-        listen="127.0.0.1:0",
-        model="offline",
-        idle_timeout=0,
-        shutdown_grace=5,
-        log_format="console",
-        log_level="warning",
-    ).resolved()
+def bench_config(state_dir: Path, **overrides: Any) -> Config:
+    values: dict[str, Any] = {
+        "state_dir": state_dir,
+        "listen": "127.0.0.1:0",
+        "model": "offline",
+        "idle_timeout": 0,
+        "shutdown_grace": 5,
+        "log_format": "console",
+        "log_level": "warning",
+    }
+    return Config(**{**values, **overrides}).resolved()
 
 
 @dataclass
@@ -65,11 +67,16 @@ class Client:
     rewinds: rewind_service_pb2_grpc.RewindServiceStub
     leftover: list[int] = field(default_factory=list)  # CLI processes alive after the server stopped
 
-    async def create(self, workspace_snapshots: bool = False) -> session_pb2.Session:
+    async def create(
+        self, workspace_snapshots: bool = False, allowed_tools: Sequence[str] = ()
+    ) -> session_pb2.Session:
         """A session; without workspace snapshots unless asked (the benchmarks of rewinds,
         prompts and memory measure the service without them; `snapshots` measures them)."""
+        options = struct_pb2.Struct()
+        if allowed_tools:
+            options.update({"allowed_tools": list(allowed_tools)})
         session: session_pb2.Session = await self.sessions.CreateSession(
-            session_service_pb2.CreateSessionRequest(workspace_snapshots=workspace_snapshots)
+            session_service_pb2.CreateSessionRequest(workspace_snapshots=workspace_snapshots, options=options)
         )
         return session
 
@@ -118,14 +125,14 @@ class Client:
 
 
 @asynccontextmanager
-async def serve(state_dir: Path) -> AsyncIterator[Client]:
+async def serve(state_dir: Path, **overrides: Any) -> AsyncIterator[Client]:
     """The server, listening, with a client on its port; stopped on exit.
 
     A stopped server must have ended every CLI process it started. Any left the moment the stop
     returned (asked of the operating system) are in `Client.leftover`, which the memory benchmark
     checks, and are killed, so they weigh on no measurement after.
     """
-    config = bench_config(state_dir)
+    config = bench_config(state_dir, **overrides)
     configure(config.log_format, config.log_level)
     running = await start(config)
     channel = grpc.aio.insecure_channel(running.address)
