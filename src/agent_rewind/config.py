@@ -363,7 +363,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--database-url",
         "database_url",
-        "a postgresql:// URL (libpq form; a password is better given as PGPASSWORD or in ~/.pgpass): "
+        "a postgresql:// URL (libpq form; its password is better in --database-password-file): "
         "the ledger, the event log and the snapshot records in PostgreSQL instead of the SQLite file",
         metavar="URL",
         default_help="none: ledger.sqlite3 in the state dir",

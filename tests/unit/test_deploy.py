@@ -54,7 +54,7 @@ SECRETS = {
     "agent-rewind-tls": {"tls.crt", "tls.key"},
     "agent-rewind-anthropic": {"api-key"},
 }
-OVERLAY_SECRETS = {name: {"agent-rewind-database": {"url"}} for name in REPLICAS}
+OVERLAY_SECRETS = {name: {"agent-rewind-database": {"url", "password"}} for name in REPLICAS}
 # Variables an overlay sets for a flag the contract specifies and the server does not read yet.
 PENDING_VARIABLES: dict[str, dict[str, str]] = {}
 # Never a literal value in a manifest.
@@ -80,7 +80,8 @@ JSON_PATCH_OPS = {"add", "remove", "replace", "test"}
 # The lists a strategic merge patch may hold, by field name, and the key their items merge on (the
 # Kubernetes API's patchMergeKey for PodSpec.containers and Container.env). Every other list has
 # its own strategy in the API (merge on another key, or replace): refused rather than guessed.
-MERGE_KEYS = {"containers": "name", "env": "name"}
+# The patchMergeKey of each list as the Kubernetes API declares it.
+MERGE_KEYS = {"containers": "name", "env": "name", "volumeMounts": "mountPath", "volumes": "name"}
 
 
 def render(directory: Path) -> list[dict[str, Any]]:
@@ -156,6 +157,9 @@ def strategic_merge(original: dict[str, Any], patch: dict[str, Any], where: str 
             current = merged.get(key)
             merged[key] = strategic_merge(current if isinstance(current, dict) else {}, value, at)
         elif isinstance(value, list):
+            if key not in MERGE_KEYS and key not in merged:
+                merged[key] = copy.deepcopy(value)  # nothing to merge with: however the API merges it
+                continue
             if key not in MERGE_KEYS:
                 raise KustomizeError(f"{at}: this renderer does not know how the API merges this list")
             merged[key] = _merge_list(merged.get(key) or [], value, MERGE_KEYS[key], at)
@@ -714,6 +718,17 @@ def test_the_replicas_overlay_runs_replicas_on_one_database_each_reachable_by_th
     env = Rendering("replicas", json.loads(_rendered("replicas"))).env
     assert "secretKeyRef" in env["AGENT_REWIND_DATABASE_URL"]["valueFrom"]
     assert "AGENT_REWIND_DATABASE_URL" not in Rendering("base", json.loads(_rendered("base"))).env
+    # The password as a file from the Secret, never in the environment.
+    rendering = Rendering("replicas", json.loads(_rendered("replicas")))
+    password = Path(env["AGENT_REWIND_DATABASE_PASSWORD_FILE"]["value"])
+    (container,) = rendering.containers
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount = mounts[str(password.parent)]
+    assert mount["readOnly"] is True
+    volume = next(v for v in rendering.pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "agent-rewind-database"
+    assert volume["secret"]["items"] == [{"key": "password", "path": password.name}]
+    assert not any("password" in str(v.get("valueFrom", "")) for v in env.values())
     # Each replica advertises the name the headless Service gives its pod, on the gRPC port.
     services = Rendering("replicas", json.loads(_rendered("replicas"))).of_kind("Service")
     (headless,) = [d for d in services if d["spec"].get("clusterIP") == "None"]
@@ -834,11 +849,11 @@ def test_the_renderer_applies_patches_as_kustomize_does(tmp_path: Path) -> None:
             "resources: [web.yaml]\npatches: [{path: p.yaml}]\n",
             {"p.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n$patch: delete\n"},
         ),
-        (  # a list whose merge strategy the renderer does not know
+        (  # a list whose merge strategy the renderer does not know, over one the base has
             "resources: [web.yaml]\npatches: [{path: p.yaml}]\n",
             {
                 "p.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  template:\n"
-                "    spec:\n      containers: [{name: web, ports: [{containerPort: 80}]}]\n"
+                "    spec:\n      containers: [{name: web, args: [--z]}]\n"
             },
         ),
         (  # a patch for nothing
