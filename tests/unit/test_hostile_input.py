@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
@@ -154,3 +154,162 @@ def test_any_transcript_reads_without_an_unexpected_error(
             f.write(b'{"type":"user"' + string.ascii_letters[:3].encode())
         index.refresh()
         index.view()
+
+
+# --- URLs: the host checked is the host the CLI connects to ------------------------------------
+
+
+class _WhatwgUrl:
+    """Node's own `URL` (the WHATWG parser the CLI's runtime uses), one process for the module."""
+
+    SCRIPT = (
+        "const rl = require('readline').createInterface({input: process.stdin});"
+        "rl.on('line', (line) => { let out;"
+        " try { const u = new URL(JSON.parse(line));"
+        "   out = {host: u.hostname, port: u.port, protocol: u.protocol, user: u.username + u.password}; }"
+        " catch (e) { out = null; }"
+        " process.stdout.write(JSON.stringify(out) + '\\n'); });"
+    )
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self._node = subprocess.Popen(
+            ["node", "-e", self.SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+
+    def parse(self, url: str) -> dict[str, str] | None:
+        assert self._node.stdin is not None and self._node.stdout is not None
+        self._node.stdin.write(json.dumps(url) + "\n")
+        self._node.stdin.flush()
+        parsed: dict[str, str] | None = json.loads(self._node.stdout.readline())
+        return parsed
+
+
+_WHATWG: list[_WhatwgUrl] = []
+
+
+def _whatwg() -> _WhatwgUrl:
+    if not _WHATWG:
+        _WHATWG.append(_WhatwgUrl())
+    return _WHATWG[0]
+
+
+def _connects_to(parsed: dict[str, str]) -> tuple[str, int]:
+    host = parsed["host"].strip("[]").rstrip(".").lower()
+    port = int(parsed["port"]) if parsed["port"] else {"http:": 80, "https:": 443}.get(parsed["protocol"], 0)
+    return host, port
+
+
+ALLOWED_HOST = "allowed.example"
+_PIECES = st.sampled_from(
+    [
+        "allowed.example",
+        "ALLOWED.example.",
+        "127.0.0.1",
+        "127.1",
+        "0x7f.1",
+        "2130706433",
+        "0177.0.0.1",
+        "[::1]",
+        "[::ffff:127.0.0.1]",
+        "localhost",
+        "evil.example",
+        "xn--bcher-kva.example",
+        "bücher.example",
+        "@",
+        ":",
+        "\\",
+        "/",
+        "?",
+        "#",
+        "%",
+        "%2f",
+        "%40",
+        "%5c",
+        "\t",
+        "\n",
+        " ",
+        "\x00",
+        ".",
+        "..",
+        "443",
+        "8080",
+        "9",
+        "0",
+        "65536",
+        "080",
+        "user",
+        "user:pw@",
+        "[",
+        "]",
+        "http:",
+        "https:",
+        "//",
+        "ß",
+        "\u3002",
+    ]
+)
+
+
+_HOSTS = st.sampled_from(
+    [
+        "allowed.example",
+        "ALLOWED.Example",
+        "allowed.example.",
+        "127.0.0.1",
+        "127.1",
+        "0x7f.0.0.1",
+        "[::1]",
+        "evil.example",
+    ]
+)
+
+
+@st.composite
+def _urls(draw: st.DrawFn) -> str:
+    """URLs shaped like real ones (a scheme, a host, perhaps a port, a path), with hostile pieces
+    put anywhere: the cases where parsers part ways; and a quarter of them made of pieces alone."""
+    if draw(st.integers(0, 3)) == 0:
+        scheme = draw(
+            st.sampled_from(["http://", "https://", "HTTP://", "ftp://", "http:", "http:/", "http:\\\\"])
+        )
+        return scheme + "".join(draw(st.lists(_PIECES | st.text(max_size=4), max_size=7)))
+    scheme = draw(st.sampled_from(["http://", "https://", "HTTPS://"]))
+    port = draw(st.sampled_from(["", ":9", ":443", ":80", ":8080", ":09", ":", ":65536"]))
+    path = draw(st.sampled_from(["", "/", "/mcp", "/a?b=c", "?q", "/%2e%2e/x", "/@x"]))
+    text = scheme + draw(_HOSTS) + port + path
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(_PIECES) + text[at:]
+    return text
+
+
+@given(_urls())
+def test_an_accepted_mcp_url_names_to_the_cli_the_very_host_that_was_allowed(text: str) -> None:
+    """Node's URL is the oracle: what the CLI would connect to for the URL it is given."""
+    from agent_rewind.errors import OptionNotAllowed
+    from agent_rewind.sessions.urls import UrlRefused, check_url
+
+    operator = OperatorOptions(mcp_hosts=frozenset({ALLOWED_HOST, "127.0.0.1:9"}))
+    try:
+        checked = validate({"mcp_servers": {"s": {"type": "http", "url": text}}}, operator)
+    except (InvalidArgument, OptionNotAllowed) as err:
+        assert err.field.startswith("options.mcp_servers.s")
+        event("refused")
+        return
+    event("accepted")
+    url = checked["mcp_servers"]["s"]["url"]
+    passed_on = _whatwg().parse(url)
+    assert passed_on is not None, f"{url!r} (from {text!r}) is not a URL to the CLI"
+    assert passed_on["user"] == "", url
+    host, port = _connects_to(passed_on)
+    assert host == ALLOWED_HOST or (host, port) == ("127.0.0.1", 9), (text, url, passed_on)
+    # What was given reads the same to the CLI too: nothing accepted that two parsers disagree on.
+    given_text = _whatwg().parse(text)
+    assert given_text is not None and _connects_to(given_text) == (host, port), (text, given_text)
+    try:
+        again = check_url(url)
+    except UrlRefused as err:
+        raise AssertionError(f"the canonical form {url!r} is refused: {err}") from None
+    assert again.url == url, "canonical forms are fixed points"

@@ -102,19 +102,17 @@ def _is_ip(host: str) -> bool:
 
 
 def normalize_host(host: str) -> str | None:
-    """A host name as it is compared: lower case, IDNA-encoded, no trailing dot; an IP address in
-    its canonical form. None when it is neither."""
+    """A host name as it is compared: lower case, no trailing dot; an IP address in its canonical
+    form. None when it is neither, and for a name that is not ASCII (IDNA2003 and UTS 46 encode
+    some letters differently: an international name is given in its xn-- form)."""
     host = host.strip().rstrip(".")
-    if not host:
+    if not host or not host.isascii():
         return None
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
         pass
-    try:
-        ascii_host = host.encode("idna").decode("ascii").lower()
-    except UnicodeError:
-        return None
+    ascii_host = host.lower()
     labels = ascii_host.split(".")
     if len(ascii_host) > 253 or not all(
         0 < len(label) <= 63 and all(c.isalnum() or c == "-" for c in label) for label in labels

@@ -18,11 +18,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from agent_rewind.errors import InvalidArgument, OptionNotAllowed
 from agent_rewind.sandbox.proxy import HostPattern, HostPatternError, covers
-from agent_rewind.sessions import tools
+from agent_rewind.sessions import tools, urls
 
 MAX_OPTIONS_BYTES = 64 * 1024
 _MAX_TEXT = 32 * 1024
@@ -194,20 +193,21 @@ def _mcp_servers(field: str, value: Any, operator: OperatorOptions) -> dict[str,
         kind = config.get("type", "stdio")
         if kind in ("http", "sse"):
             server = _object(where, config, {"type", "url", "headers"}, {"type", "url"})
-            url = _text(f"{where}.url", server["url"], limit=2048)
-            parts = urlsplit(url)
             try:
-                port = parts.port
-            except ValueError:
-                raise InvalidArgument(f"{where}.url", "has a port that is not a port number") from None
-            if parts.scheme not in ("https", "http") or not parts.hostname:
-                raise InvalidArgument(f"{where}.url", "must be an http(s) URL")
-            host = parts.hostname.lower()
-            hostport = f"{host}:{port}" if port else host
-            if host not in operator.mcp_hosts and hostport not in operator.mcp_hosts:
+                checked = urls.check_url(_text(f"{where}.url", server["url"], limit=2048))
+            except urls.UrlMalformed as err:
+                raise InvalidArgument(f"{where}.url", str(err)) from None
+            except urls.UrlRefused as err:  # one that URL parsers could read differently
+                raise OptionNotAllowed(f"{where}.url", str(err)) from None
+            host = checked.host
+            hostport = f"{host}:{checked.port}" if checked.explicit_port else host
+            allowed = {h.lower() for h in operator.mcp_hosts}
+            if host not in allowed and f"{host}:{checked.port}" not in allowed:
                 raise OptionNotAllowed(
                     f"{where}.url", f"the host {hostport!r} is not one the operator allows MCP servers on"
                 )
+            # The CLI gets what was checked, spelled canonically, never the text as given.
+            url = checked.url
             clean: dict[str, Any] = {"type": kind, "url": url}
             if "headers" in server:
                 headers = server["headers"]

@@ -336,7 +336,8 @@ def test_a_remote_mcp_server_on_an_allowed_host() -> None:
         "headers": {"Authorization": "Bearer t", "X-Team": "a"},
     }
     checked = validate({"mcp_servers": {"docs": config}}, EVERYTHING)
-    assert checked == {"mcp_servers": {"docs": config}}
+    # What the CLI gets is the URL that was checked, spelled canonically.
+    assert checked == {"mcp_servers": {"docs": {**config, "url": "https://mcp.example.com/mcp"}}}
     sse = {"type": "sse", "url": "http://mcp.example.com:8080/sse"}
     assert validate({"mcp_servers": {"events": sse}}, EVERYTHING) == {"mcp_servers": {"events": sse}}
 
