@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: run test lint fmt proto demo bench soak fuzz clean system
+.PHONY: run test lint fmt proto docs demo bench soak fuzz clean system
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ fmt: $(STAMP)
 
 proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 from protos/
 	$(PY) scripts/gen_protos.py
+
+docs: $(STAMP)  ## regenerate what the docs show as the code's output (flag table, --help)
+	$(PY) scripts/gen_docs.py
 
 demo: $(STAMP)  ## walk through the product against a running `make run`
 	$(PY) scripts/demo.py $(ARGS)

@@ -22,9 +22,12 @@ import json
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
+from agent_rewind.store.ledger import NewEvent, NewRewind
+from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.server_process import ServerProcess
 from benchmarks.common import Report, Target, cpu_seconds, fmt_kb, fmt_time, percentile
 
@@ -32,22 +35,28 @@ GROUPS = (0, 1, 100, 1000)
 PER_PROCESS = 250
 P99_GOAL_S = 0.100  # the issue's goal: p99 at most 100 ms at 1,000 watchers
 IDLE_GOAL_KB = 64.0  # an idle watcher holds less than a small stream buffer's worth
+LOG_EVENTS = 2000  # the log the replaying watchers read: events like a rewind of a few files
 TIMEOUT_S = 600.0
 FILES = 1
 
 
 class _Watchers:
-    """`count` watcher streams over ceil(count / PER_PROCESS) processes."""
+    """`count` watcher streams over ceil(count / PER_PROCESS) processes; `replay`: streams from
+    the oldest event that never read."""
 
-    def __init__(self, address: str, count: int) -> None:  # count 0: none
+    def __init__(self, address: str, count: int, *, replay: bool = False) -> None:  # count 0: none
         self.address = address
         self.count = count
+        self.replay = replay
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def open(self) -> None:
-        sizes = [PER_PROCESS] * (self.count // PER_PROCESS)
-        if self.count % PER_PROCESS:
-            sizes.append(self.count % PER_PROCESS)
+        # Replaying streams each hold a transport's worth of events the client does not read: a
+        # quarter as many share a connection.
+        per_process = PER_PROCESS // 4 if self.replay else PER_PROCESS
+        sizes = [per_process] * (self.count // per_process)
+        if self.count % per_process:
+            sizes.append(self.count % per_process)
         for size in sizes:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -55,6 +64,7 @@ class _Watchers:
                 "benchmarks.watcher",
                 self.address,
                 str(size),
+                *(["replay"] if self.replay else []),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=64 * 1024 * 1024,
@@ -77,6 +87,13 @@ class _Watchers:
     async def close(self) -> dict[int, list[float]]:
         """Receipt times by cursor, over every stream."""
         out: dict[int, list[float]] = {}
+        if self.replay:
+            for proc in self.procs:
+                assert proc.stdin is not None
+                proc.stdin.write(b"done\n")
+                await proc.stdin.drain()
+                await proc.wait()
+            return out
         for proc in self.procs:
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(b"report\n")
@@ -165,8 +182,54 @@ async def _idle_kb(server: ServerProcess, watchers: int) -> tuple[float, float]:
     return before, with_them
 
 
+async def _replaying_kb(
+    server: ServerProcess, sid: str, ids: list[str], watchers: int
+) -> tuple[float, float, int]:
+    """The server's VmRSS before and with `watchers` replaying the whole log without reading,
+    after a restart (so the replay reads the ledger), and the log's length. The log: this
+    session's rewinds, and LOG_EVENTS more like them appended as the engine appends them."""
+    assert server.rewinds is not None
+    await server.rewinds.Rewind(
+        rewind_service_pb2.RewindRequest(session_id=sid, message_id=ids[1], mode=FILES)
+    )
+    await server.stop()
+    ledger = await SqliteLedger.open(server.state_dir / "ledger.sqlite3")
+    try:
+        (*_, model) = await ledger.events_after(0)
+        for _ in range(LOG_EVENTS):
+            rewind_id = str(uuid.uuid4())
+            await ledger.begin_rewind(
+                NewRewind(rewind_id, sid, model.data["message_id"], "files", {}, principal=model.principal)
+            )
+            await ledger.complete_rewind(
+                rewind_id,
+                {"rewind_id": rewind_id},
+                None,
+                NewEvent("REWOUND", sid, rewind_id, model.principal, dict(model.data)),
+            )
+        _, newest = await ledger.event_bounds()
+    finally:
+        await ledger.close()
+    await server.start()
+    assert server.proc is not None
+    await asyncio.sleep(1.0)
+    before = _rss_kb(server.proc.pid)
+    group = _Watchers(server.address, watchers, replay=True)
+    await group.open()
+    during = before
+    for _ in range(60):  # until the server's memory stops growing: each stream holds what it holds
+        await asyncio.sleep(0.5)
+        now = _rss_kb(server.proc.pid)
+        if during > before and now <= during * 1.005:
+            break
+        during = max(during, now)
+    await group.close()
+    return before, during, newest
+
+
 async def _run(work: Path, rounds: int, rewinds: int) -> Report:
-    server = ServerProcess(work / "state")
+    # Every watcher here is one principal's: its bound on streams is raised past the groups'.
+    server = ServerProcess(work / "state", args=["--max-watch-streams-per-principal", str(4 * GROUPS[-1])])
     try:
         await server.start()
         sid, ids = await _session(server)
@@ -180,6 +243,7 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
                 samples[group] += heard
                 durations[group] += took
                 cpu[group].append(used)
+        replay_before, replaying, log_length = await _replaying_kb(server, sid, ids, GROUPS[-1])
     finally:
         await server.close()
 
@@ -218,6 +282,13 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
             per_watcher <= IDLE_GOAL_KB,
             f"VmRSS {fmt_kb(before)} -> {fmt_kb(with_idle)} with {GROUPS[-1]:,} idle watchers: "
             f"{per_watcher:.1f} KB each",
+        ),
+        Target(
+            f"a watcher replaying the log that never reads holds at most {IDLE_GOAL_KB:.0f} KB",
+            (replaying - replay_before) / GROUPS[-1] <= IDLE_GOAL_KB,
+            f"VmRSS {fmt_kb(replay_before)} -> {fmt_kb(replaying)} with {GROUPS[-1]:,} watchers replaying "
+            f"{log_length:,} events from the ledger without reading: "
+            f"{(replaying - replay_before) / GROUPS[-1]:.1f} KB each",
         ),
     ]
     report.notes += [

@@ -57,5 +57,24 @@ async def _main(address: str, count: int) -> None:
     await channel.close()
 
 
+async def _never_read(address: str, count: int) -> None:
+    """`python -m benchmarks.watcher ADDRESS N replay`: N streams replaying from the oldest event
+    (after_cursor 0) that never read a message; `ready` once all are connected, then waits. The
+    streams' HTTP/2 windows stay at their initial size (no BDP probing): what the server sends
+    beyond it waits in the server, which is what this measures."""
+    channel = grpc.aio.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)])
+    stub = rewind_service_pb2_grpc.RewindServiceStub(channel)
+    request = rewind_service_pb2.WatchRewindEventsRequest(after_cursor=0)
+    calls = [stub.WatchRewindEvents(request) for _ in range(count)]
+    await asyncio.gather(*(call.wait_for_connection() for call in calls))
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await channel.close()
+
+
 if __name__ == "__main__":
-    asyncio.run(_main(sys.argv[1], int(sys.argv[2])))
+    if sys.argv[3:] == ["replay"]:
+        asyncio.run(_never_read(sys.argv[1], int(sys.argv[2])))
+    else:
+        asyncio.run(_main(sys.argv[1], int(sys.argv[2])))

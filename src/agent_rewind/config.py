@@ -84,6 +84,7 @@ class Config:
     # Per-principal limits (QUOTA_EXCEEDED beyond them).
     max_sessions_per_principal: int = 10_000
     max_running_turns_per_principal: int = 16
+    max_watch_streams_per_principal: int = 100
     # Live CLI processes at most (about 220 MB each); 0: as many as the memory holds.
     max_live_sessions: int = 0
     # The event log keeps events this many seconds and at most this many of them (0: no bound).
@@ -529,6 +530,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "--max-running-turns-per-principal",
         "max_running_turns_per_principal",
         "turns of one principal's sessions that may run at once",
+        convert=positive_int,
+        metavar="N",
+    ),
+    Flag(
+        "--max-watch-streams-per-principal",
+        "max_watch_streams_per_principal",
+        "WatchRewindEvents streams one principal may hold open at once on this replica",
         convert=positive_int,
         metavar="N",
     ),

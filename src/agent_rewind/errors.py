@@ -295,3 +295,11 @@ class StorageUnavailable(AgentRewindError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"the service could not write its ledger: {detail}; retry")
+
+
+class FilesUnavailable(StorageUnavailable):
+    """The workspace's files could not be written (disk full, a path the restore must not
+    follow): the same reason, and a message that says it was the files, not the ledger."""
+
+    def __init__(self, detail: str) -> None:
+        AgentRewindError.__init__(self, f"the service could not write the workspace's files: {detail}; retry")

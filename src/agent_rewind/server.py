@@ -516,6 +516,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
             membership,
             forwarder,
             sandbox_hosts=tuple(config.sandbox_allow_hosts) if sandbox is not None else None,
+            max_watch_streams=config.max_watch_streams_per_principal,
         ),
     )
     health_servicer = health.aio.HealthServicer()

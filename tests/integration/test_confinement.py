@@ -84,9 +84,15 @@ def _results(events: list[Any]) -> list[tuple[str, bool]]:
 
 
 def _advertised(c: Client) -> list[set[str]]:
-    """The tool list of every request the real CLI sent the model so far."""
+    """The tool list of every request the real CLI sent the model since it began recording."""
     assert c.running is not None and c.running.model is not None
     return [{str(t.get("name")) for t in r.get("tools") or []} for r in c.running.model.requests]
+
+
+def _recording(c: Client) -> Client:
+    assert c.running is not None and c.running.model is not None
+    c.running.model.record()
+    return c
 
 
 async def _report(
@@ -108,6 +114,7 @@ async def _report(
 
 async def test_a_session_is_offered_only_the_file_tools_and_what_it_named(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
+        _recording(c)
         plain = (await c.create()).session_id
         await c.prompt(plain, "say hello")
         named = (await c.create(options=_options(allowed_tools=["Bash(ls:*)", "WebFetch"]))).session_id
@@ -137,6 +144,7 @@ async def test_tools_the_session_did_not_name_are_no_such_tool_even_when_called(
         _tool("DeferredToolPlaceholder"),
     ]
     async with serve(tmp_path) as c:
+        _recording(c)
         session = await c.create()
         cwd = Path(session.cwd)
         results = _results(await c.prompt(session.session_id, "\n".join(calls)))
@@ -163,6 +171,7 @@ async def test_every_tool_the_cli_offers_is_one_the_policy_knows(tmp_path: Path)
     named or not: such a tool could run without the service knowing what it does."""
     allowable = [name for name, kind in tools.CATALOGUE.items() if kind is not tools.Kind.REFUSED]
     async with serve(tmp_path) as c:
+        _recording(c)
         for allowed in ([], allowable):
             sid = (await c.create(options=_options(allowed_tools=allowed))).session_id
             await c.prompt(sid, "say hello")

@@ -32,6 +32,9 @@ _CACHE = 4096
 # one whose publisher failed after its commit).
 _POLL = 1.0
 _BATCH = 500
+# A replay reads the ledger this many events at a time: what a watcher holds while its reader
+# is slow or gone (held across the yield), whatever the log's size.
+_REPLAY_BATCH = 8
 # How long after a publish the watchers are woken (a burst of publishes wakes them once).
 _WAKE_DELAY = 0.002
 
@@ -71,6 +74,9 @@ class EventHub:
         self._closed = False
         self._chore: asyncio.Task[None] | None = None
         self._wake_scheduled = False
+        # Told the id of every session whose SESSION_DELETED the hub learns of (published here,
+        # or read from the log): whatever holds copies of its events drops them.
+        self.on_session_deleted: list[Callable[[str], None]] = []
 
     async def start(self) -> None:
         _, newest = await self._ledger.event_bounds()
@@ -118,6 +124,8 @@ class EventHub:
             # ledger's copies): watchers that replay them now read them from the ledger.
             for cursor in [c for c, e in self._cache.items() if e.session_id == event.session_id]:
                 del self._cache[cursor]
+            for forget in self.on_session_deleted:
+                forget(event.session_id)
         self._cache[event.cursor] = event
         self._cache.move_to_end(event.cursor)
         while len(self._cache) > _CACHE:
@@ -172,7 +180,7 @@ class EventHub:
         wanted = range(after + 1, until + 1)
         if wanted and all(c in self._cache for c in wanted[:_BATCH]):
             return [self._cache[c] for c in wanted[:_BATCH]]
-        found = await self._ledger.events_after(after, session_id, limit=_BATCH)
+        found = await self._ledger.events_after(after, session_id, limit=_REPLAY_BATCH)
         oldest, _ = await self._ledger.event_bounds()
         if after + 1 < oldest:
             # Retention dropped events this watcher had yet to see: it must resync, not skip them.
@@ -221,11 +229,15 @@ class EventHub:
                         # Only events of other sessions (or trimmed ones) lie in between.
                         watcher.position = until
                         break
-                    for event in batch:
+                    batch.reverse()
+                    while batch:
+                        # Each event let go of as it is handed on: a reader that stops holds no more.
+                        event = batch.pop()
                         watcher.position = event.cursor
                         if (session_id is None or event.session_id == session_id) and visible(event):
                             metrics.EVENTS_SENT.inc()
                             yield event
+                        del event
                 if not replayed:
                     replayed = True
                     yield CaughtUp(newest)

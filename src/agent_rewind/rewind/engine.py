@@ -29,6 +29,7 @@ from agent_rewind.errors import (
     AgentUnavailable,
     CheckpointingDisabled,
     FileCheckpointUnavailable,
+    FilesUnavailable,
     NoConversationAnchor,
     RewindConflict,
     SnapshotUnavailable,
@@ -419,12 +420,12 @@ class RewindEngine:
         except RestoreError as err:
             if err.rolled_back:  # every path written was put back: nothing was applied
                 await self._ledger.abandon_rewind(record.rewind_id)
-                raise StorageUnavailable(
+                raise FilesUnavailable(
                     f"the workspace could not be restored ({err}); nothing was changed"
                 ) from err
             # Some paths could not be put back either: the intent stays, and the restore is run
             # again (it is idempotent) before anything else happens on the session.
-            raise StorageUnavailable(
+            raise FilesUnavailable(
                 f"the workspace is partly restored ({err}); the rewind will be finished before the "
                 "session runs anything else"
             ) from err

@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from agent_rewind import faults
-from agent_rewind.errors import ExternalChanges, StorageUnavailable, UndoUnavailable
+from agent_rewind.errors import ExternalChanges, FilesUnavailable, StorageUnavailable, UndoUnavailable
 from agent_rewind.rewind import workspace
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data, recorded
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
@@ -251,11 +251,11 @@ class Undo:
             except RestoreError as err:
                 if err.rolled_back:
                     await self._ledger.abandon_rewind(record.rewind_id)
-                    raise StorageUnavailable(
-                        f"the files could not be put back ({err}); nothing was changed"
+                    raise FilesUnavailable(
+                        f"the undo could not put the files back ({err}); nothing was changed"
                     ) from err
-                raise StorageUnavailable(
-                    f"the files are partly put back ({err}); the undo will be finished before the "
+                raise FilesUnavailable(
+                    f"the undo put the files partly back ({err}); it will be finished before the "
                     "session runs anything else"
                 ) from err
             await self._record_after(worker, record.rewind_id, files)

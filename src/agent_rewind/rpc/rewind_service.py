@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 
 from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, QuotaExceeded, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.replicas import Membership
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
@@ -31,22 +31,52 @@ from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 class _EventMessages:
     """Each event's response built and encoded once, however many watchers send it (the
-    registration passes bytes through as they are)."""
+    registration passes bytes through as they are): the newest `size` of them, up to `max_bytes`
+    in all. A deleted session's are dropped with it (they name its files)."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_bytes: int = 64 << 20) -> None:
         self._size = size
-        self._messages: OrderedDict[int, bytes] = OrderedDict()
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._messages: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
 
     def response(self, event: EventRecord) -> bytes:
         found = self._messages.get(event.cursor)
-        if found is None:
-            found = rewind_service_pb2.WatchRewindEventsResponse(
-                event=convert.rewind_event(event)
-            ).SerializeToString()
-            self._messages[event.cursor] = found
-            if len(self._messages) > self._size:
-                self._messages.popitem(last=False)
-        return found
+        if found is not None and found[0] == event.session_id:
+            return found[1]
+        encoded = rewind_service_pb2.WatchRewindEventsResponse(
+            event=convert.rewind_event(event)
+        ).SerializeToString()
+        self._messages[event.cursor] = (event.session_id, encoded)
+        self._bytes += len(encoded)
+        while (self._bytes > self._max_bytes or len(self._messages) > self._size) and self._messages:
+            _, (_, dropped) = self._messages.popitem(last=False)
+            self._bytes -= len(dropped)
+        return encoded
+
+    def forget(self, session_id: str) -> None:
+        for cursor in [c for c, (s, _) in self._messages.items() if s == session_id]:
+            self._bytes -= len(self._messages.pop(cursor)[1])
+
+
+class _Streams:
+    """How many watch streams each principal holds open here (--max-watch-streams-per-principal)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def held(self, principal: str) -> Iterator[None]:
+        if self._open.get(principal, 0) >= self.limit:
+            raise QuotaExceeded("watch_streams", self.limit)
+        self._open[principal] = self._open.get(principal, 0) + 1
+        try:
+            yield
+        finally:
+            self._open[principal] -= 1
+            if not self._open[principal]:
+                del self._open[principal]
 
 
 async def _cut_off(
@@ -83,6 +113,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         forwarder: Forwarder | None = None,
         *,
         sandbox_hosts: tuple[str, ...] | None = None,
+        max_watch_streams: int = 100,
     ) -> None:
         self.forwarder = forwarder
         # The hosts the command sandbox lets commands reach; None: no sandbox (--sandbox off).
@@ -93,6 +124,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self._hub = hub
         self._max_live_sessions = max_live_sessions
         self._events = _EventMessages()
+        # A deleted session's events, as watchers got them, named its files: they go with it.
+        hub.on_session_deleted.append(self._events.forget)
+        self._streams = _Streams(max_watch_streams)
         self._tokens = tokens
         self.auth = auth
         self._backend = backend
@@ -218,18 +252,19 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             assert task is not None
             asyncio.get_running_loop().create_task(_cut_off(context, events, task, delivered))
 
-        events = self._hub.watch(after, session_id, visible, on_too_slow=too_slow)
-        async for item in events:
-            if isinstance(item, CaughtUp):
-                if delivered is None:
-                    delivered = item.cursor  # no cursor given: nothing before this one is owed
-                yield rewind_service_pb2.WatchRewindEventsResponse(
-                    caught_up=rewind_pb2.CaughtUp(cursor=item.cursor)
-                )
-                delivered = max(delivered, item.cursor)
-            else:
-                yield self._events.response(item)
-                delivered = item.cursor
+        with self._streams.held(principal.name):
+            events = self._hub.watch(after, session_id, visible, on_too_slow=too_slow)
+            async for item in events:
+                if isinstance(item, CaughtUp):
+                    if delivered is None:
+                        delivered = item.cursor  # no cursor given: nothing before this one is owed
+                    yield rewind_service_pb2.WatchRewindEventsResponse(
+                        caught_up=rewind_pb2.CaughtUp(cursor=item.cursor)
+                    )
+                    delivered = max(delivered, item.cursor)
+                else:
+                    yield self._events.response(item)
+                    delivered = item.cursor
 
     @unary
     async def UndoRewind(  # noqa: N802

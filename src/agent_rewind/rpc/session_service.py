@@ -17,7 +17,7 @@ from agent_rewind.rpc.auth import Authenticator, current, forwarded_by
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
-from agent_rewind.sessions import commands
+from agent_rewind.sessions import commands, workspaces
 from agent_rewind.sessions.events import RewoundEvent, TurnEvent
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry, page_key
 from agent_rewind.sessions.turns import Prelude
@@ -66,6 +66,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
                 workspace_snapshots=snapshots,
                 request_id=optional_uuid("request_id", request.request_id) or "",
                 principal=current().name,
+                workspace_home=_workspace_home(),
             ),
             place=not forwarded_by(),  # (a call placed here by another replica stays here)
         )
@@ -187,6 +188,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
                 workspace_snapshots=True,  # the source's
                 request_id=optional_uuid("request_id", request.request_id) or "",
                 principal=current().name,
+                workspace_home=_workspace_home(),
+                fresh_workspace=True,
             ),
         )
         return await _session(worker)
@@ -214,3 +217,10 @@ def _page_key(session: session_pb2.Session) -> tuple[str, str]:
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:
     return convert.session(worker, await worker.view())
+
+
+def _workspace_home() -> str | None:
+    """Where the caller's workspaces lie in each root: a directory of its own, unless it is an
+    admin (the only caller of a server without authentication is one)."""
+    principal = current()
+    return None if principal.admin else workspaces.principal_dir(principal.name)

@@ -20,7 +20,7 @@ from agent_rewind.config import Config
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
-    InvalidArgument,
+    FilesUnavailable,
     LiveSessionsExhausted,
     QuotaExceeded,
     RequestIdReused,
@@ -28,14 +28,12 @@ from agent_rewind.errors import (
     SessionNotFound,
     ShuttingDown,
     SnapshotUnavailable,
-    WorkspaceInUse,
-    WorkspaceOutsideRoot,
 )
 from agent_rewind.replicas import Elsewhere, Owners
 from agent_rewind.sessions import erasure, forking, workspaces
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
-from agent_rewind.snapshots import SnapshotStore
+from agent_rewind.snapshots import RestoreError, SnapshotStore
 from agent_rewind.store.ledger import (
     EventRecord,
     Ledger,
@@ -69,6 +67,11 @@ class NewSessionRequest:
     workspace_snapshots: bool
     request_id: str
     principal: str = ""
+    # The directory the caller's workspaces lie under in each root (authentication on, not an
+    # admin: sessions/workspaces.py); None: anywhere under a root.
+    workspace_home: str | None = None
+    # A fork: the workspace must be new or empty (the fork writes into it).
+    fresh_workspace: bool = False
 
     def fingerprint(self) -> str:
         return dumps(
@@ -242,35 +245,12 @@ class SessionRegistry:
             ordered = [w for w in ordered if page_key(w) < after]
         return ordered[:size], len(ordered) > size
 
-    def resolve_workspace(self, cwd: str, session_id: str) -> Path:
-        """The absolute workspace for `cwd`: inside a root, not a root, and no other session's."""
-        roots = self._config.workspace_roots
-        if "\x00" in cwd:
-            raise InvalidArgument("cwd", "must not contain NUL characters")
-        if len(cwd) > 4096:
-            raise InvalidArgument("cwd", "must be at most 4096 characters")
-        # resolve() follows symlinks and `..`, so neither can lead out of a root.
-        try:
-            if not cwd:
-                path = self._config.default_workspace_root / session_id
-            else:
-                # `~user` of a user the server's host does not know cannot be expanded.
-                given = Path(cwd).expanduser()
-                path = given if given.is_absolute() else self._config.default_workspace_root / given
-            resolved = path.resolve()
-        except (OSError, RuntimeError) as err:
-            raise InvalidArgument("cwd", f"cannot be resolved: {err}") from None
-        if not any(resolved.is_relative_to(r) for r in roots):
-            raise WorkspaceOutsideRoot(cwd or str(path), [str(r) for r in roots])
-        if resolved in roots:
-            raise WorkspaceInUse(str(resolved), "is a workspace root; a session's workspace lies below one")
-        # A deleted session's workspace is still taken while its erasure runs (for a moment).
+    def resolve_workspace(self, cwd: str, session_id: str, home: str | None = None) -> Path:
+        """The absolute workspace for `cwd` (sessions/workspaces.py): apart from every session's,
+        a deleted one's included while its erasure runs."""
         taken = [Path(w.record.cwd) for w in self._workers.values()]
         taken.extend(Path(erasing) for erasing in self._erasing.values())
-        _check_apart(resolved, taken)
-        if resolved.exists() and not resolved.is_dir():
-            raise InvalidArgument("cwd", f"{resolved} exists and is not a directory")
-        return resolved
+        return workspaces.resolve(cwd, session_id, roots=self._config.workspace_roots, taken=taken, home=home)
 
     async def create(self, req: NewSessionRequest, *, place: bool = False) -> SessionWorker:
         """A new session on this replica. `place`: it may go to another replica instead
@@ -302,11 +282,13 @@ class SessionRegistry:
             owned = sum(1 for w in self._workers.values() if w.record.principal == req.principal)
             if owned >= self._config.max_sessions_per_principal:
                 raise QuotaExceeded("sessions", self._config.max_sessions_per_principal)
-            workspace = self.resolve_workspace(req.cwd, sid)
+            workspace = self.resolve_workspace(req.cwd, sid, req.workspace_home)
             if self._config.shared_storage:
                 # Every replica's sessions have their workspaces on this disk too.
-                _check_apart(workspace, [Path(r.cwd) for r in await self._ledger.sessions()])
-            workspace.mkdir(parents=True, exist_ok=True)
+                workspaces.check_apart(workspace, [Path(r.cwd) for r in await self._ledger.sessions()])
+            if req.fresh_workspace:
+                workspaces.require_fresh(workspace)
+            workspaces.make(workspace)
             new = NewSession(
                 session_id=sid,
                 cwd=str(workspace),
@@ -428,6 +410,9 @@ class SessionRegistry:
                     )
                     await self._ledger.touch_session(worker.session_id, started=True)
                     worker.record = dataclasses.replace(worker.record, started=True)
+            except RestoreError as err:
+                await self.forget(worker.session_id)
+                raise FilesUnavailable(f"the fork's workspace could not be filled: {err}") from err
             except Exception:
                 await self.forget(worker.session_id)
                 raise
@@ -591,17 +576,6 @@ class SessionRegistry:
         # may take): stopped halfway, it would be finished at the next start instead.
         await asyncio.gather(*self._deletions.values(), return_exceptions=True)
         await asyncio.gather(*(w.shutdown(grace) for w in workers), return_exceptions=True)
-
-
-def _check_apart(resolved: Path, taken: list[Path]) -> None:
-    """WORKSPACE_IN_USE if `resolved` is, contains or lies inside one of `taken`."""
-    for theirs in taken:
-        if resolved == theirs:
-            raise WorkspaceInUse(str(resolved), "is another session's workspace")
-        if theirs.is_relative_to(resolved):
-            raise WorkspaceInUse(str(resolved), "contains another session's workspace")
-        if resolved.is_relative_to(theirs):
-            raise WorkspaceInUse(str(resolved), "lies inside another session's workspace")
 
 
 def _register_secrets(options: Mapping[str, Any]) -> None:

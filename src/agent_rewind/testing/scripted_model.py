@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -350,12 +351,16 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int]) -> None:
         super().__init__(address, _Handler)
-        self.requests: list[dict[str, Any]] = []
+        # Requests are kept only when a test asks (`ScriptedModel.record`), and only the newest:
+        # a server's offline model answers for as long as it runs, and what sessions sent it
+        # (a deleted one's prompts included) must not pile up in its memory.
+        self.requests: deque[dict[str, Any]] = deque(maxlen=0)
         self._lock = threading.Lock()
 
     def record(self, request: dict[str, Any]) -> None:
-        with self._lock:
-            self.requests.append(request)
+        if self.requests.maxlen:
+            with self._lock:
+                self.requests.append(request)
 
 
 class ScriptedModel:
@@ -372,8 +377,14 @@ class ScriptedModel:
 
     @property
     def requests(self) -> list[dict[str, Any]]:
-        """Every Messages API request received so far (for tests)."""
+        """The newest Messages API requests received since `record` was called (for tests)."""
         return list(self._server.requests)
+
+    def record(self, keep: int = 256) -> ScriptedModel:
+        """From now on, keep the newest `keep` requests (0: none, the default) for `requests`."""
+        with self._server._lock:
+            self._server.requests = deque(self._server.requests, maxlen=keep)
+        return self
 
     def start(self) -> ScriptedModel:
         self._thread.start()

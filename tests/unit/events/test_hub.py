@@ -195,6 +195,7 @@ async def test_replay_then_live_has_no_gap_and_no_duplicate_while_events_land_mi
     source: str, log: Log, hubs: MakeHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hub_module, "_BATCH", 4)  # the replay reads in several rounds
+    monkeypatch.setattr(hub_module, "_REPLAY_BATCH", 4)
     if source == "memory":
         hub = await hubs()
         for event in await log.append_many(7):
@@ -251,6 +252,7 @@ async def test_the_seam_holds_while_another_task_appends_and_publishes(
     log: Log, hubs: MakeHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hub_module, "_BATCH", 3)
+    monkeypatch.setattr(hub_module, "_REPLAY_BATCH", 3)
     await log.append_many(5)  # before the hub: read back from the ledger
     hub = await hubs()
     for event in await log.append_many(5):  # in the hub's memory
@@ -380,7 +382,7 @@ async def test_a_cursor_beyond_the_newest_is_an_invalid_after_cursor(log: Log, h
 async def test_events_trimmed_away_mid_replay_end_the_watch_with_cursor_expired(
     log: Log, hubs: MakeHub, ledger: SqliteLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub_module, "_BATCH", 2)
+    monkeypatch.setattr(hub_module, "_REPLAY_BATCH", 2)
     await log.append_many(10)
     hub = await hubs()  # after the appends: its memory is empty, the replay reads the ledger
     watch = hub.watch(0, None, everything)

@@ -77,6 +77,7 @@ SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict
     errors.CursorExpired: (lambda: errors.CursorExpired(3, 10), {"oldest_cursor": "10"}),
     errors.SubscriberTooSlow: (lambda: errors.SubscriberTooSlow(42), {"last_cursor": "42"}),
     errors.StorageUnavailable: (lambda: errors.StorageUnavailable("database is locked"), {}),
+    errors.FilesUnavailable: (lambda: errors.FilesUnavailable("No space left on device"), {}),
 }
 
 

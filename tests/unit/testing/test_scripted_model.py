@@ -398,6 +398,7 @@ def test_non_streaming_answers_one_json_message(model: ScriptedModel) -> None:
 
 
 def test_count_tokens_answers_a_positive_count_and_is_not_recorded(model: ScriptedModel) -> None:
+    model.record()
     status, _, raw = post(f"{model.base_url}/v1/messages/count_tokens?beta=true", turn("say hi"))
 
     assert status == 200
@@ -405,12 +406,22 @@ def test_count_tokens_answers_a_positive_count_and_is_not_recorded(model: Script
     assert model.requests == []
 
 
-def test_messages_requests_are_recorded_in_order(model: ScriptedModel) -> None:
+def test_messages_requests_are_recorded_in_order_once_asked(model: ScriptedModel) -> None:
     first, second = turn("say one"), turn("say two")
     post(f"{model.base_url}/v1/messages", first)
+    assert model.requests == [], "nothing kept unless a test asks"
+    model.record(keep=2)
+    post(f"{model.base_url}/v1/messages", first)
     post(f"{model.base_url}/v1/messages", second)
-
     assert model.requests == [first, second]
+
+
+def test_recording_keeps_only_the_newest_requests(model: ScriptedModel) -> None:
+    model.record(keep=3)
+    sent = [turn(f"say {i}") for i in range(10)]
+    for request in sent:
+        post(f"{model.base_url}/v1/messages", request)
+    assert model.requests == sent[-3:]
 
 
 def test_unknown_paths_and_bad_json_are_errors(model: ScriptedModel) -> None:
