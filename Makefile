@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: run test lint fmt proto docs demo bench soak fuzz clean system
+.PHONY: run test lint fmt proto docs demo bench soak fuzz mutants clean system
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ fuzz: $(STAMP) system  ## every hostile-input property and RPC fuzz with at leas
 	AGENT_REWIND_FUZZ=1 AGENT_REWIND_WATCH_EXAMPLES=3000 $(PY) -m pytest tests/unit/test_hostile_input.py \
 		tests/integration/test_fuzz.py tests/unit/snapshots/test_watch.py \
 		-p no:cacheprovider --hypothesis-show-statistics -q $(ARGS)
+
+mutants: $(STAMP) system  ## mutation testing of the modules where a silent bug costs most (under an hour)
+	$(PY) scripts/mutants.py $(ARGS)
 
 soak: $(STAMP) system  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)
 	$(PY) scripts/soak.py $(ARGS)

@@ -142,7 +142,8 @@ class Membership:
                         return  # it gives up (its sessions may be taken over): no more beats
 
     async def _take_over_the_dead(self) -> None:
-        """Takes over each replica whose lease ran out while it still owns sessions."""
+        """Takes over each replica whose lease ran out while it still owns sessions, or a deleted
+        session's erasure it did not finish (its files are on the shared disk too)."""
         assert self.take_over is not None
         dead = [
             r.replica_id for r in self.directory.values() if not r.alive and r.replica_id != self.replica_id
@@ -150,8 +151,9 @@ class Membership:
         if not dead:
             return
         owning = await self._ledger.session_counts()
+        erasing = {t.replica for t in await self._ledger.unfinished_erasures()}
         for replica_id in dead:
-            if not owning.get(replica_id):
+            if not owning.get(replica_id) and replica_id not in erasing:
                 continue
             taken = await self._ledger.take_over(replica_id, self.replica_id)
             if taken is None:

@@ -221,3 +221,88 @@ async def test_a_forwarded_call_without_the_replica_secret_is_unauthenticated(
             )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert owner.calls == [], "nothing was forwarded"
+
+
+async def test_a_forwarded_stream_reaches_the_owner_with_what_remains_of_the_callers_deadline(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    channel, owner, _ = pair
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    call = stub.Prompt(session_service_pb2.PromptRequest(session_id=SID, text="hi"), timeout=7)
+    assert (await call.read()).message_id == "part 0"
+    call.cancel()
+    ((metadata, remaining),) = owner.calls
+    assert metadata[PRINCIPAL] == LOCAL.name
+    # gRPC carries a deadline on the wire rounded up to its timeout units: a few ms over 7 s.
+    assert remaining is not None and 5 < remaining <= 7.1, "the stream's deadline went along"
+
+
+async def test_a_call_that_was_forwarded_already_is_never_forwarded_again(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    """A replica that does not hold the session a forwarded call is for refuses it: forwarding it
+    on could go round in circles between replicas that disagree on the owner."""
+    channel, owner, _ = pair
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    hop = ((FORWARDED_BY, "another-replica"), (PRINCIPAL, LOCAL.name), (REPLICA_SECRET, SECRET))
+    with pytest.raises(grpc.aio.AioRpcError) as unary_err:
+        await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID), metadata=hop)
+    call = stub.Prompt(session_service_pb2.PromptRequest(session_id=SID, text="hi"), metadata=hop)
+    with pytest.raises(grpc.aio.AioRpcError) as stream_err:
+        await call.read()
+    for err in (unary_err.value, stream_err.value):
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert _reason(err) == "REPLICA_UNAVAILABLE"
+    assert owner.calls == [], "nothing was forwarded on"
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str:
+    from google.rpc import error_details_pb2
+
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return str(info.reason)
+    raise AssertionError("no ErrorInfo")
+
+
+async def test_a_replica_without_a_secret_accepts_no_forwarded_call_whatever_it_carries() -> None:
+    """A server without a database has no replica secret: a call naming a forwarding replica is
+    refused, with no secret, an empty one or any other (before, no secret let it name any
+    principal)."""
+    auth = Authenticator(None, replica_secret="")
+    front = grpc.aio.server()
+
+    class _Alone(session_service_pb2_grpc.SessionServiceServicer):
+        service = SESSION_SERVICE.full_name
+        forwarder = None
+
+        def __init__(self) -> None:
+            self.auth = auth
+
+        @unary
+        async def GetSession(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+            return session_pb2.Session(session_id=request.session_id, principal="answered")
+
+    registration.add(front, SESSION_SERVICE, _Alone())
+    port = front.add_insecure_port("127.0.0.1:0")
+    await front.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = session_service_pb2_grpc.SessionServiceStub(channel)
+        for extra in ((), ((REPLICA_SECRET, ""),), ((REPLICA_SECRET, "anything"),)):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetSession(
+                    session_service_pb2.GetSessionRequest(session_id=SID),
+                    metadata=((FORWARDED_BY, "mallory"), (PRINCIPAL, "admin"), *extra),
+                )
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, extra
+        # Without the header the same call is answered: the refusal is the header's.
+        got = await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID))
+        assert got.principal == "answered"
+    finally:
+        await channel.close()
+        await front.stop(0)

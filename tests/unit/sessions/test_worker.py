@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -1451,3 +1452,73 @@ async def test_a_deletion_that_fails_before_its_commit_leaves_the_session_usable
     turn = await within(worker.start_turn("still here"))
     events = await collect(turn)
     assert isinstance(events[-1], ResultEvent) and not events[-1].is_error
+
+
+async def _pending_cut(ledger: FlakyLedger, tmp_path: Path) -> tuple[str, Path, Anchor, list[str]]:
+    """A session of two turns whose conversation was cut back to the first (pending in the ledger)."""
+    sid = str(uuid.uuid4())
+    cwd = tmp_path / "workspaces" / sid
+    cwd.mkdir(parents=True)
+    await ledger.add_session(NewSession(sid, str(cwd), {}, True))
+    await ledger.touch_session(sid, started=True)
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    p1, a1, p2, a2 = ids
+    path = transcript_path(tmp_path / "claude", str(cwd), sid)
+    _append(path, _prompt_entry(p1, None, "one"), _reply_entry(a1, p1, "1"))
+    _append(path, _prompt_entry(p2, a1, "two"), _reply_entry(a2, p2, "2"))
+    anchor = Anchor(sid, a1, p2, path.stat().st_size, None, "rewind-1")
+    await _cut_recorded(ledger, sid, anchor)
+    return sid, path, anchor, ids
+
+
+async def test_8_the_cut_is_let_go_only_after_the_transcript_holding_it_is_fsynced(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's cut is what keeps a rewind durable until the transcript itself holds it on
+    disk: clearing it before the transcript's fsync, a crash could bring the dropped turn back."""
+    sid, path, anchor, _ = await _pending_cut(ledger, tmp_path)
+    # What happened to the transcript, in order: each fsync with the size it made durable.
+    order: list[tuple[str, int]] = []
+    real_fsync, real_clear = os.fsync, ledger.clear_anchor
+
+    def fsync(fd: int) -> None:
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(path):
+            order.append(("fsync", os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    async def clear(session_id: str, anchor_uuid: str) -> None:
+        order.append(("clear cut", path.stat().st_size))
+        await real_clear(session_id, anchor_uuid)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(ledger, "clear_anchor", clear)
+    worker, _ = await make_worker(session_id=sid)
+    await collect(await within(worker.start_turn("three")))
+    await worker.view()
+    assert await ledger.anchor(sid) is None
+    (cleared,) = [i for i, (what, _) in enumerate(order) if what == "clear cut"]
+    size = order[cleared][1]
+    assert ("fsync", size) in order[:cleared], f"the transcript as it holds the cut was fsynced first: {order}"
+
+
+async def test_9_the_cut_stays_until_a_whole_new_turn_is_written_past_it(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path
+) -> None:
+    """Bookkeeping the CLI writes on resume, even a prompt without its turn, does not put the cut
+    in the transcript: only a new turn's prompt chained through the anchor does."""
+    sid, path, anchor, (p1, a1, p2, a2) = await _pending_cut(ledger, tmp_path)
+    worker, _ = await make_worker(session_id=sid)
+    # Entries appended after the cut that are not a turn: a last-prompt record, an attachment.
+    _append(path, {"type": "last-prompt", "leafUuid": a1, "sessionId": sid})
+    _append(path, {"type": "attachment", "uuid": str(uuid.uuid4()), "parentUuid": a1, "sessionId": sid})
+    assert (await worker.view()).last_message_id == a1
+    assert await ledger.anchor(sid) == anchor, "no new turn yet: the cut stays in the ledger"
+    # The dropped prompt written again past the cut (a resumed CLI replaying it) is not a new turn.
+    _append(path, _prompt_entry(p2, a1, "two"))
+    await worker.view()
+    assert await ledger.anchor(sid) == anchor
+    # A new turn's prompt chained through the anchor is.
+    p3 = str(uuid.uuid4())
+    _append(path, _prompt_entry(p3, a1, "three"), _reply_entry(str(uuid.uuid4()), p3, "3"))
+    assert [p.text for p in (await worker.view()).points] == ["one", "three"]
+    assert await ledger.anchor(sid) is None

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from agent_rewind import metrics
-from agent_rewind.errors import StorageUnavailable
+from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession
 from agent_rewind.store.postgres import MIGRATIONS, PostgresLedger, SchemaTooNew
 from tests.pgserver_fixture import PostgresServer
@@ -536,3 +536,48 @@ async def test_a_lost_listening_connection_falls_back_to_the_poll_and_listens_ag
     finally:
         await a.close()
         await b.close()
+
+
+async def test_5_a_registration_waits_for_a_write_of_the_old_epoch_in_flight(postgres_url: str) -> None:
+    """The fence is the directory's row read FOR SHARE in every write: a new registration of the
+    same replica (a new epoch) must wait until a write that passed the check commits, so no write
+    of the old epoch commits after the registration returned. The write is held open after its
+    check (a spy on the transaction), and the registration made on another connection."""
+    old = await PostgresLedger.open(postgres_url)
+    new = await PostgresLedger.open(postgres_url)
+    try:
+        first = await old.register_replica("r", "127.0.0.1:1", 30)
+        old.fence("r", first.epoch)
+        checked, release = asyncio.Event(), asyncio.Event()
+        committed_at: list[float] = []
+
+        async def held(db: Any) -> None:
+            checked.set()
+            await release.wait()
+            await db.execute(
+                "INSERT INTO sessions (session_id, cwd, options, checkpointing, create_time, update_time)"
+                " VALUES (%s, '/ws/held', '{}', true, now(), now())",
+                ("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e70",),
+            )
+
+        async def write() -> None:
+            await old._write(held)
+            committed_at.append(asyncio.get_running_loop().time())
+
+        writing = asyncio.create_task(write())
+        await checked.wait()
+        registering = asyncio.create_task(new.register_replica("r", "127.0.0.1:2", 30))
+        await asyncio.sleep(0.5)
+        assert not registering.done(), "the registration waited for the write in flight"
+        release.set()
+        await writing
+        second = await registering
+        registered_at = asyncio.get_running_loop().time()
+        assert second.epoch == first.epoch + 1
+        assert committed_at[0] <= registered_at
+        # From now on the old epoch's writes are refused.
+        with pytest.raises(ReplicaUnavailable):
+            await old.add_session(NewSession("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e71", "/ws/late", {}, True))
+    finally:
+        await old.close()
+        await new.close()
