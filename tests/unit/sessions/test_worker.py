@@ -1476,7 +1476,7 @@ async def test_8_the_cut_is_let_go_only_after_the_transcript_holding_it_is_fsync
 ) -> None:
     """The ledger's cut is what keeps a rewind durable until the transcript itself holds it on
     disk: clearing it before the transcript's fsync, a crash could bring the dropped turn back."""
-    sid, path, anchor, _ = await _pending_cut(ledger, tmp_path)
+    sid, path, _anchor, _ = await _pending_cut(ledger, tmp_path)
     # What happened to the transcript, in order: each fsync with the size it made durable.
     order: list[tuple[str, int]] = []
     real_fsync, real_clear = os.fsync, ledger.clear_anchor
@@ -1498,7 +1498,9 @@ async def test_8_the_cut_is_let_go_only_after_the_transcript_holding_it_is_fsync
     assert await ledger.anchor(sid) is None
     (cleared,) = [i for i, (what, _) in enumerate(order) if what == "clear cut"]
     size = order[cleared][1]
-    assert ("fsync", size) in order[:cleared], f"the transcript as it holds the cut was fsynced first: {order}"
+    assert ("fsync", size) in order[:cleared], (
+        f"the transcript as it holds the cut was fsynced first: {order}"
+    )
 
 
 async def test_9_the_cut_stays_until_a_whole_new_turn_is_written_past_it(
@@ -1506,7 +1508,7 @@ async def test_9_the_cut_stays_until_a_whole_new_turn_is_written_past_it(
 ) -> None:
     """Bookkeeping the CLI writes on resume, even a prompt without its turn, does not put the cut
     in the transcript: only a new turn's prompt chained through the anchor does."""
-    sid, path, anchor, (p1, a1, p2, a2) = await _pending_cut(ledger, tmp_path)
+    sid, path, anchor, (_p1, a1, p2, _a2) = await _pending_cut(ledger, tmp_path)
     worker, _ = await make_worker(session_id=sid)
     # Entries appended after the cut that are not a turn: a last-prompt record, an attachment.
     _append(path, {"type": "last-prompt", "leafUuid": a1, "sessionId": sid})
