@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import fcntl
 import os
 import signal
 import sys
@@ -15,7 +17,6 @@ from pathlib import Path
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from agent_rewind import logs, metrics
 from agent_rewind.access import AccessFile, AccessFileError
@@ -30,7 +31,7 @@ from agent_rewind.logs import configure
 from agent_rewind.metrics import MetricsServer
 from agent_rewind.replicas import Membership, Owners
 from agent_rewind.rewind.engine import RewindEngine
-from agent_rewind.rpc import registration
+from agent_rewind.rpc import registration, tooling
 from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.requests import PageTokens
@@ -48,6 +49,7 @@ from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import WorkerContext
 from agent_rewind.snapshots import Limits
+from agent_rewind.snapshots import git as snapshot_git
 from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
@@ -79,6 +81,28 @@ def service_files(config: Config) -> list[Path]:
     files = [config.access_file, config.tls_cert, config.tls_key, config.tls_client_ca, config.replica_ca]
     files.append(config.database_password_file)
     return [config.state_dir, *config.workspace_roots, *(f for f in files if f is not None)]
+
+
+def _hold_state_dir(config: Config) -> int | None:
+    """Locks the state dir for this server's life (released by the kernel on any exit): a second
+    server on it would register a newer epoch and fence this one off. With --shared-storage every
+    replica mounts the same state dir, and the replica directory keeps them apart instead."""
+    if config.shared_storage:
+        return None
+    path = config.state_dir / "server.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise StartError(
+            f"the state dir {config.state_dir} is in use by another agent-rewind server ({holder}); "
+            "stop it, or give this one a --state-dir of its own"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, listening on {config.listen}\n".encode(), 0)
+    return fd
 
 
 async def _start_sandbox(config: Config) -> tuple[CommandSandbox | None, EgressProxy | None]:
@@ -163,6 +187,7 @@ class RunningServer:
     snapshots: Snapshots | None = None
     sandbox: CommandSandbox | None = None
     proxy: EgressProxy | None = None
+    state_lock: int | None = None
     membership: Membership | None = None
     forwarder: Forwarder | None = None
     _stopped: bool = False
@@ -201,6 +226,10 @@ class RunningServer:
             await self.side.stop()
         if self.proxy is not None:
             await self.proxy.close()
+        if self.state_lock is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.state_lock)
+            self.state_lock = None
         log.info("stopped")
 
 
@@ -406,6 +435,26 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         raise StartError(str(err)) from err
     authenticator = Authenticator(access)
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    lock = _hold_state_dir(config)
+    try:
+        return await _start_locked(
+            config, client_factory, authenticator, credentials, replica_credentials, backend, lock
+        )
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+
+
+async def _start_locked(
+    config: Config,
+    client_factory: ClientFactory | None,
+    authenticator: Authenticator,
+    credentials: grpc.ServerCredentials | None,
+    replica_credentials: grpc.ChannelCredentials | None,
+    backend: str,
+    lock: int | None,
+) -> RunningServer:
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
@@ -433,15 +482,24 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         log.warning("could not drop old events", error=str(err))
     hub = EventHub(ledger, max_lag=config.watcher_buffer)
     await hub.start()
-    snapshots = Snapshots(
-        config.state_dir / "snapshots",
-        ledger,
-        Limits(
-            max_file_bytes=config.snapshot_max_file_bytes,
-            max_total_bytes=config.snapshot_max_bytes,
-            timeout_s=config.snapshot_timeout,
-        ),
-        watch=config.snapshot_watch,
+    # A capability is what works on this host now: without git there are no snapshots (new
+    # sessions take none, GetCapabilities says so, and the CLI's checkpoints serve files rewinds).
+    missing = snapshot_git.available()
+    if missing is not None:
+        log.warning("workspace snapshots are off: " + missing)
+    snapshots = (
+        Snapshots(
+            config.state_dir / "snapshots",
+            ledger,
+            Limits(
+                max_file_bytes=config.snapshot_max_file_bytes,
+                max_total_bytes=config.snapshot_max_bytes,
+                timeout_s=config.snapshot_timeout,
+            ),
+            watch=config.snapshot_watch,
+        )
+        if missing is None
+        else None
     )
     engine = RewindEngine(ledger, publish=hub.publish, snapshots=snapshots)
     live = LiveSlots(config.max_live_sessions or default_max_live())
@@ -491,6 +549,8 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
 
     server = grpc.aio.server(
         options=[
+            # A port in use is "address in use", never shared with another server.
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
             # The other replicas' keepalive pings, during a turn that sends nothing for minutes.
@@ -519,18 +579,24 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
             max_watch_streams=config.max_watch_streams_per_principal,
         ),
     )
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = tooling.Health()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    port = (
-        server.add_secure_port(config.listen, credentials)
-        if credentials is not None
-        else server.add_insecure_port(config.listen)
-    )
+    tooling.enable_reflection(server, (SESSION_SERVICE, REWIND_SERVICE))
+    try:
+        port = (
+            server.add_secure_port(config.listen, credentials)
+            if credentials is not None
+            else server.add_insecure_port(config.listen)
+        )
+    except RuntimeError:  # grpc's "Failed to bind"
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {config.listen}")
+        raise OSError(f"cannot listen on {config.listen}: the address is in use, or not one of this host's")
+    if lock is not None:  # who holds the state dir, for the next server that tries
+        os.ftruncate(lock, 0)
+        os.pwrite(
+            lock, f"pid {os.getpid()}, listening on {config.listen.rsplit(':', 1)[0]}:{port}\n".encode(), 0
+        )
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
@@ -577,6 +643,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     running.snapshots = snapshots
     running.sandbox = sandbox
     running.proxy = proxy
+    running.state_lock = lock
     running.membership = membership
     running.forwarder = forwarder
     running.authenticated = authenticator.enabled

@@ -1,0 +1,112 @@
+"""What a deployment meets first (issue "Deployable"): one server per state dir and a port never
+shared (a second server on either stops at once saying why, and the first serves on), and
+capabilities that say what works on this host (no git: no snapshots, said at start, and the
+CLI's checkpoints serve files rewinds)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_service_pb2
+from agent_rewind.server import StartError, start
+from agent_rewind.testing.server_process import ServerProcess
+from tests.integration.harness import FILES, prompt_id, read, serve
+from tests.integration.harness import test_config as config_of
+
+
+async def test_a_second_server_on_a_state_dir_in_use_stops_naming_the_holder(tmp_path: Path) -> None:
+    async with serve(tmp_path / "state") as c:
+        first = await c.create()
+        with pytest.raises(StartError) as err:
+            await start(config_of(tmp_path / "state"))
+        assert c.running is not None
+        assert "in use by another agent-rewind server" in str(err.value)
+        assert f"listening on 127.0.0.1:{c.running.port}" in str(err.value), "it names the holder"
+        # The first was not fenced off: it still serves its session.
+        assert (await c.get(first.session_id)).session_id == first.session_id
+    async with serve(tmp_path / "state") as c:  # once it stopped, the state dir is free
+        assert (await c.get(first.session_id)).session_id == first.session_id
+
+
+async def test_a_port_in_use_is_address_in_use_not_shared(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with serve(tmp_path / "one", listen=f"127.0.0.1:{port}") as c:
+        with pytest.raises(OSError, match="address is in use"):
+            await start(config_of(tmp_path / "two", listen=f"127.0.0.1:{port}"))
+        assert (await c.create()).session_id
+
+
+async def test_serve_on_a_state_dir_in_use_exits_at_once_naming_the_holder(tmp_path: Path) -> None:
+    first = ServerProcess(tmp_path / "state")
+    await first.start()
+    try:
+        second = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "agent-rewind"),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(first.state_dir),
+            "--model",
+            "offline",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(second.communicate(), 60)
+        assert second.returncode != 0
+        assert first.proc is not None
+        said = (out + err).decode()
+        assert "is in use by another agent-rewind server" in said
+        assert f"pid {first.proc.pid}, listening on {first.address}" in said, said
+        assert "Traceback" not in said
+        assert first.sessions is not None
+        listed = await first.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
+        assert list(listed.sessions) == [], "the first still serves, not fenced off"
+    finally:
+        await first.stop()
+
+
+def _path_without_git(bin_dir: Path) -> str:
+    """A PATH with every program of this one but git (links to them)."""
+    bin_dir.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            target = Path(directory) / name
+            if name == "git" or (bin_dir / name).exists() or not os.access(target, os.X_OK):
+                continue
+            (bin_dir / name).symlink_to(target)
+    return str(bin_dir)
+
+
+async def test_without_git_snapshots_are_off_and_said_so_and_the_checkpoints_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", _path_without_git(tmp_path / "bin"))
+    assert shutil.which("git") is None
+    async with serve(tmp_path / "state", workspace_snapshots=True) as c:
+        said = "".join(capfd.readouterr())
+        assert "workspace snapshots are off: git is not installed" in said
+        caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
+        assert not caps.workspace_snapshots, "a capability is what works here"
+        session = await c.create()
+        assert not session.workspace_snapshots
+        cwd = Path(session.cwd)
+        first = prompt_id(await c.prompt(session.session_id, "write notes.txt one"))
+        await c.prompt(session.session_id, "write notes.txt two")
+        (point,) = [p for p in await c.all_points(session.session_id) if p.message_id == first]
+        assert point.files_rewindable and not point.snapshot_available
+        result = await c.rewind(session.session_id, first, FILES)
+        assert result.files.source == rewind_pb2.FILES_SOURCE_CHECKPOINT
+        assert read(cwd / "notes.txt") is None, "before the first prompt there was no notes.txt"
+        assert "git is not installed" not in "".join(capfd.readouterr()), "said once, at start"
