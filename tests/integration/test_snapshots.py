@@ -2,7 +2,8 @@
 
 What the CLI's checkpoints cannot restore (Bash edits, subagent edits, points beyond its window)
 comes back from the service's snapshots; someone else's edit is never destroyed unasked; a point
-whose snapshot is incomplete is refused rather than half restored; nothing in the workspace runs.
+whose snapshot is incomplete is served by the CLI's checkpoints or refused, never half restored
+from the snapshots; nothing in the workspace runs.
 """
 
 from __future__ import annotations
@@ -154,24 +155,44 @@ async def test_a_point_beyond_the_clis_window_is_restored_from_its_snapshot(tmp_
         assert read(cwd / "early.txt") is None and read(cwd / "counter.txt") is None
 
 
-async def test_a_point_whose_snapshot_hit_a_bound_is_refused_not_half_restored(tmp_path: Path) -> None:
+async def test_a_point_whose_snapshot_hit_a_bound_is_served_by_the_checkpoints_never_by_half_a_snapshot(
+    tmp_path: Path,
+) -> None:
     async with serve(tmp_path, workspace_snapshots=True, snapshot_max_file_bytes=1000) as c:
         sid, cwd = await _session(c)
-        before = prompt_id(await c.prompt(sid, "write small.txt s"))
-        big = prompt_id(await c.prompt(sid, "bash head -c 5000 /dev/zero > big.bin\nwrite small.txt t"))
-        await c.prompt(sid, "write small.txt u")
+        tracked = await _session(c, enable_file_checkpointing=False, workspace_snapshots=True)
+        targets = {}
+        for session in (sid, tracked[0]):
+            before = prompt_id(await c.prompt(session, "write small.txt s"))
+            big = prompt_id(
+                await c.prompt(session, "bash head -c 5000 /dev/zero > big.bin\nwrite small.txt t")
+            )
+            await c.prompt(session, "write small.txt u")
+            targets[session] = (before, big)
+        before, big = targets[sid]
         points = {p.message_id: p for p in await c.all_points(sid)}
         # Their start snapshots are complete, but a later one (big's end) is not: a rewind to
-        # either would read it, so neither can be served, nor claims to be.
-        assert not points[before].snapshot_available and not points[before].files_rewindable
-        assert not points[big].snapshot_available and not points[big].files_rewindable
+        # either would read it, so snapshots cannot serve them; the CLI's checkpoints can.
         for target in (before, big):
+            assert not points[target].snapshot_available and points[target].files_rewindable
+        preview = await c.dry_run(sid, big, FILES)
+        assert preview.files.source == CHECKPOINT and preview.files.can_rewind
+        result = await c.rewind(sid, big, FILES)
+        assert result.files.source == CHECKPOINT
+        assert read(cwd / "small.txt") == "s\n", "what the CLI tracked is restored"
+        assert read(cwd / "big.bin") is not None, "a Bash edit is beyond the checkpoints, as documented"
+
+        # Without checkpoints nothing can serve them: refused, nothing restored.
+        other, other_cwd = tracked
+        points = {p.message_id: p for p in await c.all_points(other)}
+        for target in targets[other]:
+            assert not points[target].snapshot_available and not points[target].files_rewindable
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await c.rewind(sid, target, FILES)
+                await c.rewind(other, target, FILES)
             info = error_info(err.value)
             assert info.reason == "SNAPSHOT_UNAVAILABLE", target
             assert info.metadata["snapshot_state"] == "too_large"
-        assert read(cwd / "small.txt") == "u\n", "nothing restored"
+        assert read(other_cwd / "small.txt") == "u\n", "nothing restored"
 
 
 async def test_a_hostile_workspace_runs_nothing_and_touches_nothing_outside(tmp_path: Path) -> None:

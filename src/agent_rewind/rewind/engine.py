@@ -197,6 +197,8 @@ class RewindEngine:
                 )
             )
         except SnapshotUnavailable as err:
+            if worker.record.checkpointing:
+                return None  # no complete snapshot: the CLI's checkpoints serve it, as before
             return FilesHalf(True, refusal=refuse(err), source="snapshot"), None, now
         half = FilesHalf(
             True,

@@ -150,8 +150,8 @@ def rewind_point(
 ) -> rewind_pb2.RewindPoint:
     """`holds_pending`: the session's live process ran its newest prompt, so it holds that prompt's
     checkpoint before the CLI has written it down. `snapshot`: None when no workspace snapshot was
-    taken at the point (the CLI's checkpoints serve it), else whether snapshots can serve it (a
-    point with an incomplete snapshot is refused, never served by half a source)."""
+    taken at the point, else whether snapshots can serve it; where they cannot (an incomplete
+    snapshot), the CLI's checkpoints serve the point if they can, never half a snapshot."""
     text = point.text if len(point.text) <= PREVIEW_CHARS else point.text[: PREVIEW_CHARS - 1] + "…"
     checkpoint = checkpointing and point.has_checkpoint and (holds_pending or not point.checkpoint_pending)
     return rewind_pb2.RewindPoint(
@@ -160,7 +160,7 @@ def rewind_point(
         text=text,
         index=point.index,
         create_time=timestamp(point.create_time),
-        files_rewindable=checkpoint if snapshot is None else snapshot,
+        files_rewindable=bool(snapshot) or checkpoint,
         snapshot_available=bool(snapshot),
     )
 

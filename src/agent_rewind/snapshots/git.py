@@ -85,6 +85,14 @@ def _config_text() -> str:
     return "".join(f"[{section}]\n" + "".join(lines) for section, lines in sections.items())
 
 
+def available() -> str | None:
+    """Why workspace snapshots cannot work on this host (git missing), or None when they can."""
+    search_path = os.environ.get("PATH") or SAFE_PATH
+    if shutil.which("git", path=search_path) is None:
+        return f"git is not installed (searched {search_path}); install git for workspace snapshots"
+    return None
+
+
 def _executable(search_path: str) -> str:
     found = shutil.which("git", path=search_path)
     if found is None:
