@@ -93,7 +93,9 @@ async def test_the_files_of_a_service_bring_the_error_detail_types(
 
 
 async def test_an_error_through_buf_curl_carries_its_reason(buf: Path, server: Client) -> None:
-    done = await curl(buf, server, "-d", json.dumps({"session_id": MISSING}), "/agent_rewind.v1.SessionService/GetSession")
+    done = await curl(
+        buf, server, "-d", json.dumps({"session_id": MISSING}), "/agent_rewind.v1.SessionService/GetSession"
+    )
     assert done.returncode != 0
     error = json.loads(done.stderr[done.stderr.index("{") :])
     assert error["code"] == "not_found"
