@@ -139,6 +139,7 @@ def _session_create(args: argparse.Namespace, client: Client, out: TextIO) -> in
         session_id=args.session_id or "",
         options=options,
         file_checkpointing=False if args.no_checkpointing else None,
+        workspace_snapshots=args.workspace_snapshots,
         request_id=args.request_id or "",
     )
     _print(out, to_json(session) if args.json else format_session(session))
@@ -479,7 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-id", metavar="UUID", help="the SDK session id to use (default: the server's)"
     )
     create.add_argument(
-        "--no-checkpointing", action="store_true", help="take no file checkpoints (files cannot be rewound)"
+        "--no-checkpointing",
+        action="store_true",
+        help="track no files: no file checkpoints and, unless --workspace-snapshots, no snapshots "
+        "(files rewinds are refused)",
+    )
+    create.add_argument(
+        "--workspace-snapshots",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="snapshot the whole workspace at each turn, so files rewinds cover Bash and subagent "
+        "edits (default: the server's)",
     )
     create.add_argument(
         "--option",

@@ -223,10 +223,12 @@ async def test_request_id_makes_rewind_idempotent(tmp_path: Path) -> None:
 async def test_without_checkpointing_files_are_refused_and_both_leaves_the_conversation(
     tmp_path: Path,
 ) -> None:
-    async with serve(tmp_path) as c:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
         session = await c.create(enable_file_checkpointing=False)
         sid = session.session_id
         assert not session.file_checkpointing
+        # Checkpointing off is the caller's last word on file tracking: no snapshots either.
+        assert not session.workspace_snapshots
         ids = [prompt_id(await c.prompt(sid, p)) for p in (P0, P1)]
         assert not any(p.files_rewindable for p in (await c.points(sid)).points)
         for mode in (FILES, BOTH):

@@ -109,6 +109,7 @@ class Client:
         session_id: str = "",
         options: struct_pb2.Struct | None = None,
         file_checkpointing: bool | None = None,
+        workspace_snapshots: bool | None = None,
         request_id: str = "",
     ) -> session_pb2.Session:
         request = session_service_pb2.CreateSessionRequest(
@@ -116,6 +117,8 @@ class Client:
         )
         if file_checkpointing is not None:
             request.enable_file_checkpointing = file_checkpointing
+        if workspace_snapshots is not None:
+            request.workspace_snapshots = workspace_snapshots
         session: session_pb2.Session = self._sessions.CreateSession(request)
         return session
 

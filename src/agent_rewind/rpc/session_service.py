@@ -55,7 +55,9 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         snapshots = (
             request.workspace_snapshots
             if request.HasField("workspace_snapshots")
-            else self._registry.workspace_snapshots_default
+            # Checkpointing off is the caller's last word on file tracking (API.md, Round 3):
+            # only an explicit workspace_snapshots gives such a session snapshots.
+            else self._registry.workspace_snapshots_default and checkpointing
         )
         worker = await self._registry.create(
             NewSessionRequest(

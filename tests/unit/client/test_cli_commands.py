@@ -230,12 +230,23 @@ def test_session_create_sends_options_checkpointing_and_an_absolute_cwd(
     assert "file_checkpointing  no\n" in out
 
 
+@pytest.mark.parametrize(("flag", "wanted"), [("--workspace-snapshots", True), ("--no-workspace-snapshots", False)])
+def test_session_create_asks_for_workspace_snapshots_or_none(
+    server: tuple[str, Sessions, Rewinds], flag: str, wanted: bool
+) -> None:
+    address, sessions, _ = server
+    assert main(["--server", address, "session", "create", flag]) == 0
+    (request,) = sessions.requests
+    assert request.HasField("workspace_snapshots") and request.workspace_snapshots is wanted
+
+
 def test_session_create_leaves_checkpointing_to_the_server_default(
     server: tuple[str, Sessions, Rewinds],
 ) -> None:
     address, sessions, _ = server
     assert main(["--server", address, "session", "create"]) == 0
     assert not sessions.requests[0].HasField("enable_file_checkpointing")
+    assert not sessions.requests[0].HasField("workspace_snapshots")
     assert sessions.requests[0].cwd == ""
 
 
