@@ -88,8 +88,9 @@ def _run(group: Group) -> dict[str, object]:
         "--gremlin-mutant-timeout=120",
         "--gremlin-report=console,json",
     ]
-    # The gremlins' subprocesses import the tests' helpers (`tests.*`) from the tree's root.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The gremlins' subprocesses import the tests' helpers (`tests.*`) from the tree's root, and
+    # this tree's sources first (a worktree's, not those the venv was installed from).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
     with (WORK / f"{group.name}.log").open("w") as log:
         subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     found = json.loads(REPORT.read_text()) if REPORT.exists() else {"summary": {}, "results": []}
