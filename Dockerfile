@@ -25,15 +25,13 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /build
-# Dependencies first, read from pyproject.toml, so a source change does not re-download them
+# Dependencies first, from the locked set (requirements/runtime.txt: every version pinned, every
+# file's hash checked; `make lock` moves it forward), so a source change does not re-download them
 # (the claude-agent-sdk wheel bundles the Claude Code CLI binary, about 370 MB).
-COPY pyproject.toml ./
-# The runtime dependencies and the `postgres` extra (--database-url).
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" \
-        > requirements.txt \
-    && pip install -r requirements.txt
+COPY requirements/runtime.txt ./requirements.txt
+RUN pip install --require-hashes -r requirements.txt
 
-COPY README.md ./
+COPY pyproject.toml README.md ./
 COPY src ./src
 RUN pip install --no-deps . \
     && agent-rewind --help > /dev/null

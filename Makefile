@@ -2,22 +2,28 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
+# What each target needs installed (scripts/install.sh: the locked dependencies, under a lock).
+RUNTIME := $(VENV)/.installed-runtime-$(shell cat pyproject.toml requirements/runtime.txt | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint fmt proto docs demo bench soak fuzz mutants clean system
+.PHONY: run test lint fmt proto docs demo bench soak fuzz mutants image-test lock clean system
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@rm -f $(VENV)/.installed-*
-	@touch $@
+$(RUNTIME): pyproject.toml requirements/runtime.txt
+	@PYTHON=$(PYTHON) sh scripts/install.sh runtime
+
+$(STAMP): pyproject.toml requirements/dev.txt
+	@PYTHON=$(PYTHON) sh scripts/install.sh dev
+
+lock:  ## the locked dependency sets (requirements/*.txt, with hashes) from pyproject.toml, newest allowed
+	@test -x .tools/piptools/bin/pip-compile || { $(PYTHON) -m venv .tools/piptools && .tools/piptools/bin/pip install --quiet pip-tools==7.6.2; }
+	.tools/piptools/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --upgrade --extra postgres -o requirements/runtime.txt pyproject.toml
+	.tools/piptools/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --upgrade --extra postgres --extra dev -o requirements/dev.txt pyproject.toml
 
 system:  ## the host's programs: bubblewrap and socat (the sandbox), git (snapshots)
 	@sh scripts/ensure_system.sh
 
-run: $(STAMP) system  ## start the service (offline scripted model unless ANTHROPIC_API_KEY is set)
+run: $(RUNTIME) system  ## start the service (offline scripted model unless ANTHROPIC_API_KEY is set)
 	$(VENV)/bin/agent-rewind serve $(ARGS)
 
 test: $(STAMP) system  ## unit and integration tests, against the real Claude Code CLI
@@ -39,7 +45,7 @@ proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 from protos/
 docs: $(STAMP)  ## regenerate what the docs show as the code's output (flag table, --help)
 	$(PY) scripts/gen_docs.py
 
-demo: $(STAMP)  ## walk through the product against a running `make run`
+demo: $(RUNTIME)  ## walk through the product against a running `make run`
 	$(PY) scripts/demo.py $(ARGS)
 
 bench: $(STAMP) system  ## speed targets, medians side by side
@@ -50,6 +56,9 @@ fuzz: $(STAMP) system  ## every hostile-input property and RPC fuzz with at leas
 		tests/integration/test_fuzz.py tests/unit/snapshots/test_watch.py \
 		-p no:cacheprovider --hypothesis-show-statistics -q $(ARGS)
 
+image-test: $(STAMP) system  ## build the image from the Dockerfile and run it as the pod does (minutes; root, buildah, podman)
+	$(PY) scripts/image_test.py $(ARGS)
+
 mutants: $(STAMP) system  ## mutation testing of the modules where a silent bug costs most (under an hour)
 	$(PY) scripts/mutants.py $(ARGS)
 
@@ -57,4 +66,4 @@ soak: $(STAMP) system  ## random prompts, rewinds, interrupts and server SIGKILL
 	$(PY) scripts/soak.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV).lock var .pytest_cache .mypy_cache .ruff_cache .mutants coverage

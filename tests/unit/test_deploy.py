@@ -883,3 +883,49 @@ def test_the_renderer_refuses_what_it_does_not_implement(
     directory = _kustomization(tmp_path / "k", kustomization, **{"web.yaml": DEPLOYMENT, **files})
     with pytest.raises(KustomizeError):
         render(directory)
+
+
+# --- the locked dependency sets ------------------------------------------------------------------
+
+
+def _locked(name: str) -> dict[str, str]:
+    """Package -> version of a lock file (requirements/NAME.txt), each line checked to carry hashes."""
+    text = (ROOT / "requirements" / f"{name}.txt").read_text()
+    pins: dict[str, str] = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", text):
+        first = block.split("\n", 1)[0]
+        if first.startswith("#") or not first.strip():
+            continue
+        package, _, version = first.split(" ", 1)[0].partition("==")
+        assert version, f"{name}.txt: {first!r} is not pinned"
+        assert "--hash=sha256:" in block, f"{name}.txt: {package} carries no hash"
+        pins[package.lower().replace("_", "-")] = version
+    return pins
+
+
+@pytest.mark.parametrize(("lock", "extras"), [("runtime", ("postgres",)), ("dev", ("postgres", "dev"))])
+def test_a_lock_pins_every_dependency_within_its_range(lock: str, extras: tuple[str, ...]) -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"]) + [d for e in extras for d in project["optional-dependencies"][e]]
+    pins = _locked(lock)
+    for text in wanted:
+        requirement = Requirement(text)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"requirements/{lock}.txt lacks {name}: run `make lock`"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"requirements/{lock}.txt pins {name}=={pins[name]}, outside {requirement.specifier}: run `make lock`"
+        )
+
+
+def test_the_image_and_make_install_the_locked_set_with_hashes() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY requirements/runtime.txt" in dockerfile
+    assert "pip install --require-hashes -r requirements.txt" in dockerfile
+    assert "!requirements/runtime.txt" in (ROOT / ".dockerignore").read_text()
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert '--require-hashes -r "requirements/$kind.txt"' in install
+    assert _locked("runtime").items() <= _locked("dev").items(), "the dev set holds the runtime set as locked"
