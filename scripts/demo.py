@@ -374,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the agent-rewind server (default $AGENT_REWIND_SERVER, else 127.0.0.1:50051)",
     )
     parser.add_argument("--pause", action="store_true", help="wait for Enter between steps")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="how long to wait for the server to be serving (default 180: `make run` may still be installing)",
+    )
     args = parser.parse_args(argv)
     server = resolve_server(args.server)
     try:
@@ -382,6 +389,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))  # exits 2
     tls = credentials.tls is not None
     with Client(server, token=credentials.token, tls=credentials.tls) as client:
+
+        def waiting() -> None:
+            print(
+                f"waiting for the server at {server} (start it with `make run` in another terminal; "
+                f"up to {args.wait:.0f} s)...",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        if not client.wait_until_serving(args.wait, waiting=waiting):
+            print(
+                f"error: no agent-rewind server is serving at {server} after {args.wait:.0f} s",
+                file=sys.stderr,
+            )
+            return 1
         tour = Tour(client, pause=args.pause)
         try:
             run(tour)

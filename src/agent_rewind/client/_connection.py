@@ -7,13 +7,15 @@ a TLS channel; with `token` every call carries `authorization: Bearer <token>`.
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_rewind.api.v1 import (
     rewind_pb2,
@@ -99,6 +101,30 @@ class Client:
 
     def close(self) -> None:
         self._channel.close()
+
+    def wait_until_serving(self, timeout: float, *, waiting: Callable[[], None] | None = None) -> bool:
+        """Waits until the server answers its health check SERVING (it is up and has finished
+        starting), at most `timeout` seconds; False if it did not. `waiting` is called once, if
+        the server is not serving at the first try."""
+        health = health_pb2_grpc.HealthStub(self._channel)
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                answer = health.Check(
+                    health_pb2.HealthCheckRequest(), timeout=max(0.1, min(left, 2.0)), wait_for_ready=True
+                )
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            if not told and waiting is not None:
+                waiting()
+                told = True
+            time.sleep(0.2)
 
     # --- SessionService ---------------------------------------------------------------------------
 
