@@ -560,7 +560,9 @@ async def _start_locked(
     )
     tokens = PageTokens(await ledger.secret("page_tokens"))
     registration.add(
-        server, SESSION_SERVICE, SessionServicer(registry, engine, tokens, authenticator, forwarder)
+        server,
+        SESSION_SERVICE,
+        SessionServicer(registry, engine, tokens, authenticator, forwarder, offline=backend == "offline"),
     )
     registration.add(
         server,

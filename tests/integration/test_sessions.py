@@ -56,6 +56,8 @@ async def test_multi_step_turn_writes_and_edits_files_and_streams_transcript_ids
         assert sum(1 for e in events if e.HasField("tool_result")) == 4
         result = result_of(events)
         assert result.subtype == "success" and not result.is_error
+        assert result.num_turns == 5, "model round trips: four tool calls and the answer"
+        assert result.total_cost_usd == 0, "the offline model costs nothing, whatever the CLI counted"
         assert events[-2].assistant_message.text == "done"
 
         entries = {e["uuid"]: e for e in transcript_entries(tmp_path, sid) if e.get("uuid")}

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
-from agent_rewind.api.v1 import rewind_pb2
+from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
 from agent_rewind.snapshots import SnapshotStore
 from agent_rewind.testing.server_process import ServerProcess
 from tests.integration.harness import BOTH, FILES, Client, client_of, error_info, prompt_id, read, serve
@@ -244,13 +244,23 @@ async def test_without_snapshots_the_clis_checkpoints_serve(tmp_path: Path) -> N
         assert not session.workspace_snapshots, "the server's default"
 
 
-async def test_snapshot_bytes_are_reported_and_both_mode_cuts_the_conversation_too(tmp_path: Path) -> None:
+async def test_snapshot_bytes_are_reported_listed_and_both_mode_cuts_the_conversation_too(
+    tmp_path: Path,
+) -> None:
     async with serve(tmp_path, workspace_snapshots=True) as c:
         sid, cwd = await _session(c)
         await c.prompt(sid, "say hello")
         point = prompt_id(await c.prompt(sid, "bash echo one > s.txt"))
         await c.prompt(sid, "bash echo two > s.txt")
-        assert (await c.get(sid)).snapshot_bytes > 0
+        held = (await c.get(sid)).snapshot_bytes
+        assert held > 0
+        listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
+        assert [(s.session_id, s.snapshot_bytes) for s in listed.sessions] == [(sid, held)], "listed too"
+        (c_file := cwd / "big.txt").write_bytes(os.urandom(50_000))
+        await c.prompt(sid, "say again")  # its snapshots hold big.txt now
+        listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
+        assert listed.sessions[0].snapshot_bytes > held + 40_000, "measured again once it changed"
+        c_file.unlink()
         result = await c.rewind(sid, point, BOTH)
         assert result.files.source == SNAPSHOT and result.conversation.rewound
         assert read(cwd / "s.txt") is None

@@ -95,7 +95,8 @@ def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Sessio
     )
 
 
-def turn_event(session_id: str, event: TurnEvent) -> session_pb2.TurnEvent:
+def turn_event(session_id: str, event: TurnEvent, *, priced: bool = True) -> session_pb2.TurnEvent:
+    """`priced`: a turn's cost is real (false for the offline model: its result's cost is 0)."""
     if isinstance(event, RewoundEvent):
         return session_pb2.TurnEvent(session_id=session_id, rewind=rewind_result(event.outcome))
     if isinstance(event, PromptEvent):
@@ -137,7 +138,7 @@ def turn_event(session_id: str, event: TurnEvent) -> session_pb2.TurnEvent:
             is_error=event.is_error,
             num_turns=event.num_turns,
             duration_ms=event.duration_ms,
-            total_cost_usd=event.total_cost_usd,
+            total_cost_usd=event.total_cost_usd if priced else 0.0,
             result=event.result,
             stop_reason=event.stop_reason,
             interrupted=event.interrupted,

@@ -34,12 +34,17 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         tokens: PageTokens,
         auth: Authenticator,
         forwarder: Forwarder | None = None,
+        *,
+        offline: bool = False,
     ) -> None:
+        """`offline`: the agents talk to the built-in scripted model, which nobody pays for (a
+        turn's cost is 0, not what the CLI would charge for the tokens it counted)."""
         self._registry = registry
         self._engine = engine
         self._tokens = tokens
         self.auth = auth
         self.forwarder = forwarder
+        self._priced = not offline
 
     def _session(self, session_id: str) -> SessionWorker:
         """The caller's session (or any, for admin); SESSION_NOT_FOUND for anyone else's."""
@@ -95,6 +100,8 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         after = (str(position.get("t")), str(position.get("s"))) if position else None
         workers, more = self._registry.page(after, size, principal)
         sessions = [(page_key(w), await _session(w)) for w in workers]
+        for worker, (_, session) in zip(workers, sessions, strict=True):
+            session.snapshot_bytes = await worker.snapshot_bytes()
         if self.forwarder is not None and not forwarded_by():
             # Every replica lists the sessions it owns, from the same position: the page is the
             # newest `size` of them all. (A replica that is down is not asked: its sessions are
@@ -143,7 +150,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
 
         turn = await worker.start_turn(text, request_id, prelude=prelude, prelude_key=key)
         async for event in turn.events():
-            yield convert.turn_event(worker.session_id, event)
+            yield convert.turn_event(worker.session_id, event, priced=self._priced)
 
     @staticmethod
     def _prompt_rewind(worker: SessionWorker, rewind: session_service_pb2.PromptRewind) -> RewindRequest:

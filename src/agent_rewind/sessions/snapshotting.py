@@ -22,7 +22,7 @@ from typing import TypeVar
 import structlog
 
 from agent_rewind import metrics
-from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore
+from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore, directory_bytes
 from agent_rewind.store.ledger import Ledger, NewSnapshot, SnapshotRecord
 
 log = structlog.get_logger(__name__)
@@ -64,6 +64,8 @@ class Snapshots:
         self._uncollected: dict[str, int] = {}
         # Per session: its records' availability, with the list and length it was computed from.
         self._available: dict[str, tuple[list[SnapshotRecord], int, dict[str, bool]]] = {}
+        # Per session: its store's bytes on disk, with the records' (length, last seq) measured at.
+        self._bytes: dict[str, tuple[tuple[int, int], int]] = {}
 
     def store(self, session_id: str, cwd: str) -> SnapshotStore:
         found = self._stores.get(session_id)
@@ -167,18 +169,28 @@ class Snapshots:
             store = self.store(session_id, cwd)
             await self.run(lambda: store.keep_only(kept))
             self._uncollected[session_id] = 0
+            self._bytes.pop(session_id, None)
 
-    async def disk_bytes(self, session_id: str, cwd: str) -> int:
-        if not (self.root / f"{session_id}.git").exists():
-            return 0
-        store = self.store(session_id, cwd)
-        return await self.run(store.disk_bytes)
+    async def disk_bytes(self, session_id: str) -> int:
+        """What the session's store holds on disk, as of its last recorded (or pruned) snapshot:
+        measured once per change of its records, so a page of sessions costs no walk of their
+        stores while nothing changed."""
+        records = await self.records(session_id)
+        key = (len(records), records[-1].seq if records else 0)
+        cached = self._bytes.get(session_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        path = self.root / f"{session_id}.git"
+        size = await self.run(lambda: directory_bytes(path))
+        self._bytes[session_id] = (key, size)
+        return size
 
     def forget(self, session_id: str) -> None:
         """Drops what is cached of a session (its records are re-read on demand) and stops
         watching its workspace (its next snapshot scans it)."""
         self._records.pop(session_id, None)
         self._available.pop(session_id, None)
+        self._bytes.pop(session_id, None)
         self._stop_watching(session_id)
 
     def _stop_watching(self, session_id: str) -> None:
@@ -192,6 +204,7 @@ class Snapshots:
         self._records.pop(session_id, None)
         self._available.pop(session_id, None)
         self._uncollected.pop(session_id, None)
+        self._bytes.pop(session_id, None)
         self._stop_watching(session_id)
         self._stores.pop(session_id, None)
         path = self.root / f"{session_id}.git"

@@ -593,7 +593,7 @@ class SessionWorker:
         snaps = self._ctx.snapshots
         if snaps is None:
             return 0
-        return await snaps.disk_bytes(self.session_id, self.record.cwd)
+        return await snaps.disk_bytes(self.session_id)
 
     async def snapshot_availability(self) -> Mapping[str, bool]:
         """Per prompt id whose turn started with a snapshot: whether snapshots can serve a files

@@ -17,6 +17,7 @@ from agent_rewind.snapshots.store import (
     Limits,
     Snapshot,
     SnapshotStore,
+    directory_bytes,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "SnapshotRestoreError",
     "SnapshotStore",
     "UnsafePath",
+    "directory_bytes",
 ]

@@ -771,14 +771,7 @@ class SnapshotStore:
 
     def disk_bytes(self) -> int:
         """Bytes the repository's files take (their sizes, not the blocks they occupy)."""
-        total = 0
-        for directory, _dirs, names in os.walk(self.repo):
-            for name in names:
-                try:
-                    total += os.lstat(os.path.join(directory, name)).st_size
-                except FileNotFoundError:
-                    continue
-        return total
+        return directory_bytes(self.repo)
 
     def delete(self) -> None:
         """Removes the repository and every snapshot in it."""
@@ -918,3 +911,15 @@ def _listing(paths: Sequence[str], shown: int = 5) -> str:
 def _summary(problems: Sequence[str], shown: int = 3) -> str:
     more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
     return "; ".join(problems[:shown]) + more
+
+
+def directory_bytes(path: Path) -> int:
+    """Bytes the files under `path` take (their sizes, not the blocks they occupy); 0 if none."""
+    total = 0
+    for directory, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total

@@ -289,8 +289,10 @@ class TurnResult(_message.Message):
     """The SDK's result subtype: "success", "error_max_turns", "error_during_execution", ..."""
     is_error: _builtins.bool
     num_turns: _builtins.int
+    """Model round trips the turn took (the SDK's num_turns): each model call and its tool calls."""
     duration_ms: _builtins.int
     total_cost_usd: _builtins.float
+    """What the turn cost, as the CLI computes it; 0 with the offline scripted model."""
     result: _builtins.str
     """The final text, when the turn produced one."""
     stop_reason: _builtins.str
