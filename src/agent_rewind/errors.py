@@ -202,7 +202,7 @@ class ExternalChanges(AgentRewindError):
         shown = ", ".join(paths[:5]) + (", ..." if len(paths) > 5 else "")
         super().__init__(
             f"{len(paths)} path(s) the rewind would restore were also changed outside the agent "
-            f"({shown}); a DryRun lists them; pass conflict_policy SKIP or OVERWRITE to go on",
+            f"({shown}); a DryRun lists them; set conflict_policy to CONFLICT_POLICY_SKIP or CONFLICT_POLICY_OVERWRITE to go on",
             metadata={"paths": str(len(paths))},
         )
 

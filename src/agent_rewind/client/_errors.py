@@ -81,9 +81,17 @@ def _too_slow_hint(metadata: Mapping[str, str], resume_after: int | None) -> str
 
 
 # Reasons whose error says what to do next: (ErrorInfo metadata, the last cursor a watch printed) -> hint.
+def _external_changes_hint(metadata: Mapping[str, str], resume_after: int | None) -> str:
+    return (
+        "see them with --dry-run (--diff for the changes), then rewind with --conflicts skip "
+        "(leave those paths as they are) or --conflicts overwrite"
+    )
+
+
 _REASON_HINTS: dict[str, Callable[[Mapping[str, str], int | None], str]] = {
     "CURSOR_EXPIRED": _cursor_expired_hint,
     "SUBSCRIBER_TOO_SLOW": _too_slow_hint,
+    "EXTERNAL_CHANGES": _external_changes_hint,
 }
 
 
@@ -203,18 +211,32 @@ def _render(status: status_pb2.Status, *, server: str | None, tls: bool) -> list
         return [f"error: {name}{reason}: {message}; {_AUTH_HINTS[status.code]}"]
     head = f"error: {name} {info.reason}" if info and info.reason else f"error: {name}"
     lines = [f"{head}: {status.message}" if status.message else head]
+    violations = [v for d in status.details if (bad := _bad_request(d)) for v in bad.field_violations]
     if info is not None:
-        lines.extend(f"  {key}: {info.metadata[key]}" for key in sorted(info.metadata))
+        # A field the violations below name is said there, not again as metadata.
+        named = {v.field for v in violations}
+        lines.extend(
+            f"  {key}: {info.metadata[key]}"
+            for key in sorted(info.metadata)
+            if not (key == "field" and info.metadata[key] in named)
+        )
+    # A violation the message already says (the one bad field, usually) is not said twice.
+    lines.extend(
+        f"  field {v.field}: {v.description}"
+        for v in violations
+        if f"{v.field}: {v.description}" != status.message
+    )
     for detail in status.details:
-        bad = error_details_pb2.BadRequest()
-        if detail.Unpack(bad):
-            lines.extend(f"  field {v.field}: {v.description}" for v in bad.field_violations)
-            continue
         retry = error_details_pb2.RetryInfo()
         if detail.Unpack(retry):
             delay = retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9
             lines.append(f"  retry after {delay:g}s")
     return lines
+
+
+def _bad_request(detail: Any) -> error_details_pb2.BadRequest | None:
+    bad = error_details_pb2.BadRequest()
+    return bad if detail.Unpack(bad) else None
 
 
 def render_rpc_error(

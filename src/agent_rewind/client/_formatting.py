@@ -265,10 +265,11 @@ def format_turn_result(result: session_pb2.TurnResult) -> list[str]:
     mark = "✗" if result.is_error or result.interrupted else "✓"
     parts = [
         f"{mark} result {result.subtype or '-'}",
-        f"{result.num_turns} turn{'' if result.num_turns == 1 else 's'}",
+        f"{result.num_turns} model call{'' if result.num_turns == 1 else 's'}",
         format_duration(result.duration_ms),
-        f"${result.total_cost_usd:.4f}",
     ]
+    if result.total_cost_usd > 0:  # 0: the offline model, which nobody pays for
+        parts.append(f"${result.total_cost_usd:.4f}")
     if result.interrupted:
         parts.append("interrupted")
     lines = [" · ".join(parts)]

@@ -73,6 +73,12 @@ def _allowed_tools(field: str, value: Any) -> list[str]:
             f"{tool} reaches other sessions, starts turns of its own or leaves the workspace; "
             "no session of this service may have it",
         )
+    for i, tool in tools.unknown_in(names):
+        raise InvalidArgument(
+            f"{field}[{i}]",
+            f"no tool is named {tool!r}; a session may name {', '.join(tools.NAMEABLE)}, "
+            f"or an MCP server's tool as {tools.MCP_PREFIX}SERVER__TOOL",
+        )
     return names
 
 

@@ -82,6 +82,9 @@ _ALIASES: Mapping[str, frozenset[str]] = {"Agent": frozenset({"Task"}), "Task": 
 FILE_TOOLS = frozenset(name for name, kind in CATALOGUE.items() if kind is Kind.FILE)
 REFUSED = frozenset(name for name, kind in CATALOGUE.items() if kind is Kind.REFUSED)
 MCP_PREFIX = "mcp__"
+# What `allowed_tools` may name (beside MCP tools), in the catalogue's order: a name the policy
+# does not know is a mistake (or a tool of a newer CLI nobody has reviewed), never offered.
+NAMEABLE = tuple(name for name, kind in CATALOGUE.items() if kind is not Kind.REFUSED)
 
 
 def tool_name(rule: str) -> str:
@@ -116,4 +119,14 @@ def refused_in(allowed_tools: Any) -> list[tuple[int, str]]:
         (i, tool_name(rule))
         for i, rule in enumerate(allowed_tools)
         if isinstance(rule, str) and tool_name(rule) in REFUSED
+    ]
+
+
+def unknown_in(allowed_tools: list[str]) -> list[tuple[int, str]]:
+    """The entries of `allowed_tools` (index, tool) naming no tool the catalogue knows, nor an
+    MCP tool."""
+    return [
+        (i, tool_name(rule))
+        for i, rule in enumerate(allowed_tools)
+        if tool_name(rule) not in CATALOGUE and not tool_name(rule).startswith(MCP_PREFIX)
     ]

@@ -230,7 +230,9 @@ def test_session_create_sends_options_checkpointing_and_an_absolute_cwd(
     assert "file_checkpointing  no\n" in out
 
 
-@pytest.mark.parametrize(("flag", "wanted"), [("--workspace-snapshots", True), ("--no-workspace-snapshots", False)])
+@pytest.mark.parametrize(
+    ("flag", "wanted"), [("--workspace-snapshots", True), ("--no-workspace-snapshots", False)]
+)
 def test_session_create_asks_for_workspace_snapshots_or_none(
     server: tuple[str, Sessions, Rewinds], flag: str, wanted: bool
 ) -> None:
@@ -296,7 +298,7 @@ def test_prompt_streams_each_event_on_its_line(
     assert capsys.readouterr().out.splitlines() == [
         "› prompt u-1  say hello",  # noqa: RUF001
         "● hello",
-        "✓ result success · 1 turn · 20ms · $0.0000",
+        "✓ result success · 1 model call · 20ms",
     ]
     assert sessions.requests[0].request_id  # a fresh one for tracing
 

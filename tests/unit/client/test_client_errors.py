@@ -76,10 +76,57 @@ def test_bad_request_field_violations_follow_the_metadata() -> None:
     )
     assert render_status(status) == [
         "error: INVALID_ARGUMENT INVALID_ARGUMENT: session_id: not a UUID",
-        "  field: session_id",
-        "  field session_id: not a UUID",
         "  field page_size: at most 1000",
+    ], "what the message says is not said again"
+
+
+def test_a_field_error_is_said_once() -> None:
+    status = make_status(
+        code_pb2.INVALID_ARGUMENT,
+        "options.max_turns: must be an integer from 1 to 100000",
+        error_details_pb2.ErrorInfo(
+            reason="INVALID_ARGUMENT", domain=DOMAIN, metadata={"field": "options.max_turns"}
+        ),
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field="options.max_turns", description="must be an integer from 1 to 100000"
+                )
+            ]
+        ),
+    )
+    assert render_status(status) == [
+        "error: INVALID_ARGUMENT INVALID_ARGUMENT: options.max_turns: must be an integer from 1 to 100000"
     ]
+
+
+def test_metadata_a_violation_does_not_name_is_kept() -> None:
+    status = make_status(
+        code_pb2.INVALID_ARGUMENT,
+        "two fields are wrong",
+        error_details_pb2.ErrorInfo(reason="INVALID_ARGUMENT", domain=DOMAIN, metadata={"field": "cwd"}),
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field="page_size", description="too big")
+            ]
+        ),
+    )
+    assert render_status(status) == [
+        "error: INVALID_ARGUMENT INVALID_ARGUMENT: two fields are wrong",
+        "  field: cwd",
+        "  field page_size: too big",
+    ]
+
+
+def test_external_changes_names_the_command_line_flags() -> None:
+    status = make_status(
+        code_pb2.FAILED_PRECONDITION,
+        "1 path(s) the rewind would restore were also changed outside the agent (notes.txt)",
+        error_details_pb2.ErrorInfo(reason="EXTERNAL_CHANGES", domain=DOMAIN, metadata={"paths": "1"}),
+    )
+    lines = render_status(status)
+    assert lines[-1].startswith("hint: see them with --dry-run")
+    assert "--conflicts skip" in lines[-1] and "--conflicts overwrite" in lines[-1]
 
 
 def test_retry_info_is_shown_for_a_retryable_agent_failure() -> None:

@@ -156,9 +156,9 @@ def test_result_line() -> None:
             interrupted=True,
         )
     )
-    assert format_turn_event(success) == ["✓ result success · 3 turns · 1.2s · $0.0123"]
+    assert format_turn_event(success) == ["✓ result success · 3 model calls · 1.2s · $0.0123"]
     assert format_turn_event(stopped) == [
-        "✗ result error_during_execution · 1 turn · 1m35s · $0.0000 · interrupted",
+        "✗ result error_during_execution · 1 model call · 1m35s · interrupted",
         "  boom …",
     ]
 
@@ -190,7 +190,7 @@ def test_follow_turn_prints_each_event_and_keeps_the_prompt_id_texts_and_result(
         "    › prompt s-1  sub",  # noqa: RUF001
         "    ● subagent text",
         '● RECALL: ["recall"]',
-        "✓ result success · 1 turn · 0ms · $0.0000",
+        "✓ result success · 1 model call · 0ms",
     ]
     assert outcome.prompt_message_id == "u-1"
     assert outcome.assistant_texts == ['RECALL: ["recall"]']
