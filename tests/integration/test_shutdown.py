@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.testing.processes import cli_pids
+from agent_rewind.testing.server_process import ServerProcess
 from tests.integration.harness import error_info
 
 
@@ -91,3 +92,36 @@ async def test_sigterm_stops_serving_and_ends_every_cli_process(tmp_path: Path) 
             await proc.wait()
         for pid in cli_pids(config_dir=config_dir):
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_sigterm_with_busy_agents_exits_soon_after_the_grace(tmp_path: Path) -> None:
+    """Four live agents, every one mid-turn past the grace: their turns are stopped and their
+    processes ended at once, not after the SDK's 5 s wait for a busy process to read the end of
+    its input (and 5 more after SIGTERM). The pod gives the server its grace plus 10 s before a
+    SIGKILL (deploy/base); it must be done well inside that."""
+    grace = 1.0
+    server = ServerProcess(tmp_path / "state", args=("--shutdown-grace", str(grace)))
+    await server.start()
+    assert server.sessions is not None
+    sids = [
+        (await server.sessions.CreateSession(session_service_pb2.CreateSessionRequest())).session_id
+        for _ in range(4)
+    ]
+    turns = [
+        server.sessions.Prompt(session_service_pb2.PromptRequest(session_id=sid, text="sleep 60\nsay end"))
+        for sid in sids
+    ]
+    for sid in sids:
+        while (
+            await server.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=sid))
+        ).state != session_pb2.SESSION_STATE_RUNNING:
+            await asyncio.sleep(0.05)
+    started = time.monotonic()
+    assert await server.stop() == 0
+    took = time.monotonic() - started
+    for turn in turns:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            _ = [e async for e in turn]
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert cli_pids(config_dir=server.config_dir) == []
+    assert took < grace + 4.5, f"the stop took {took:.1f} s with a grace of {grace:g} s"

@@ -95,19 +95,22 @@ class AgentProcess:
         if self._slots is not None:
             self._slots.used(self._session_id)
 
-    def let_go(self) -> None:
-        """Lets go of the process; it ends in the background (`settle` waits for it)."""
+    def let_go(self, *, now: bool = False) -> None:
+        """Lets go of the process; it ends in the background (`settle` waits for it). `now`: it
+        is killed, not closed: busy with a turn that was abandoned, it would not end at the end
+        of its input (the SDK waits 5 s for that, then 5 more after SIGTERM)."""
         client, self.client = self.client, None
         if client is None:
             return
-        task = asyncio.create_task(self._ended(client), name=f"close-cli-{self._session_id}")
+        task = asyncio.create_task(self._ended(client, now), name=f"close-cli-{self._session_id}")
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _ended(self, client: AgentClient) -> None:
-        """Closes `client` (killed if it does not exit in time) and frees its slot once it has exited."""
+    async def _ended(self, client: AgentClient, now: bool = False) -> None:
+        """Closes `client` (killed if it does not exit in time; at once if `now`) and frees its
+        slot once it has exited."""
         try:
-            await client.close()
+            await (client.kill() if now else client.close())
         finally:
             self._free_slot(client)
 

@@ -527,7 +527,7 @@ class SessionWorker:
                 error = AgentUnavailable(self.session_id, str(err))
         except asyncio.CancelledError:
             error = AgentUnavailable(self.session_id, "the turn was cancelled by a server shutdown")
-            self.process.let_go()
+            self.process.let_go(now=True)
             raise
         except Exception:  # a bug must not leave the session locked
             self._log.exception("turn crashed")
