@@ -5,7 +5,9 @@ tests/unit/docs/test_generated.py fails when a page's block differs from what th
 so a doc cannot drift from the code:
 
 - `flags` in docs/operations.md: every `serve` flag, its variable and default (config.SERVE_FLAGS);
-- `serve-help` in docs/cli.md: `agent-rewind serve --help` as it prints, at 100 columns.
+- `serve-help` in docs/cli.md: `agent-rewind serve --help` as it prints, at 100 columns;
+- `cli-memory` in docs/operations.md: what a live Claude Code process held when `make bench` last
+  measured it (its table in docs/benchmarks.md, which `make bench ARGS=--update-docs` writes).
 """
 
 from __future__ import annotations
@@ -43,9 +45,42 @@ def serve_help() -> str:
     return "```text\n$ agent-rewind serve --help\n" + out.getvalue() + "```\n"
 
 
+def _bench_row(label: str) -> dict[str, str]:
+    """A row of the last benchmark run's memory table (docs/benchmarks.md), by its first cell."""
+    lines = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| session ") and "VmHWM" in line)
+    names = [cell.strip() for cell in lines[head].strip("|").split("|")]
+    for line in lines[head + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0].startswith(label):
+            return dict(zip(names, cells, strict=True))
+    raise LookupError(f"docs/benchmarks.md has no memory row {label!r}: run make bench ARGS=--update-docs")
+
+
+def cli_memory() -> str:
+    idle = _bench_row("live, idle after its turns")
+    rewound = _bench_row("rewound: from the moment a conversation Rewind returned")
+    return (
+        "A live session's Claude Code process, as `make bench` last measured it on its machine\n"
+        f'([benchmarks.md](benchmarks.md), "Memory per session"): {idle["VmRSS (median)"]} resident once\n'
+        f"idle after its turns, {rewound['VmRSS (max)']} at most right after a conversation rewind, and\n"
+        f"a peak (VmHWM) of {max(idle['VmHWM (max)'], rewound['VmHWM (max)'], key=_megabytes)}. "
+        "Newer CLIs and longer conversations can\n"
+        "hold more: the service budgets 320 MiB for each.\n"
+    )
+
+
+def _megabytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * {"KB": 1 / 1000, "MB": 1.0, "GB": 1000.0}[unit]
+
+
 BLOCKS = {
     "flags": (ROOT / "docs" / "operations.md", flag_table),
     "serve-help": (ROOT / "docs" / "cli.md", serve_help),
+    "cli-memory": (ROOT / "docs" / "operations.md", cli_memory),
 }
 
 

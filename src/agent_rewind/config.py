@@ -85,7 +85,7 @@ class Config:
     max_sessions_per_principal: int = 10_000
     max_running_turns_per_principal: int = 16
     max_watch_streams_per_principal: int = 100
-    # Live CLI processes at most (about 220 MB each); 0: as many as the memory holds.
+    # Live CLI processes at most (each budgeted 320 MiB); 0: as many as the memory holds.
     max_live_sessions: int = 0
     # The event log keeps events this many seconds and at most this many of them (0: no bound).
     event_retention: float = 30 * 24 * 3600.0
@@ -301,6 +301,18 @@ class Flag:
         return argparse.ArgumentError(None, f"environment variable {self.env_var} ({self.name}): {message}")
 
 
+# What the CLI accepts as credentials for a real model (API key, OAuth or gateway token, a cloud
+# provider's switch): any one of them makes `--model auto` use the real API.
+CREDENTIAL_VARIABLES = (
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY",
+)
+
+
 SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("--listen", "listen", "the host:port to serve gRPC on", metavar="HOST:PORT"),
     Flag(
@@ -391,8 +403,9 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--model",
         "model",
-        "anthropic: the real API (needs ANTHROPIC_API_KEY); offline: the built-in scripted model; "
-        "auto: anthropic when ANTHROPIC_API_KEY is set, else offline",
+        "anthropic: the real API (needs a credential the CLI accepts: one of "
+        + ", ".join(CREDENTIAL_VARIABLES)
+        + "); offline: the built-in scripted model; auto: anthropic when one of them is set, else offline",
         choices=("auto", "offline", "anthropic"),
     ),
     Flag(
@@ -543,11 +556,11 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--max-live-sessions",
         "max_live_sessions",
-        "live Claude Code processes at most (about 220 MB each); beyond, the least recently used idle "
+        "live Claude Code processes at most (each budgeted 320 MiB); beyond, the least recently used idle "
         "session hibernates; 0 sizes it from the memory limit",
         convert=count,
         metavar="N",
-        default_help="0: (memory limit - 512 MiB) / 256 MiB",
+        default_help="0: (memory limit - 512 MiB) / 320 MiB",
     ),
     Flag(
         "--event-retention",

@@ -24,7 +24,7 @@ from agent_rewind.api.v1 import (
     rewind_service_pb2,
     session_service_pb2,
 )
-from agent_rewind.config import Config
+from agent_rewind.config import CREDENTIAL_VARIABLES, Config
 from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
@@ -132,18 +132,6 @@ async def _start_sandbox(config: Config) -> tuple[CommandSandbox | None, EgressP
         "sandbox on: commands confined, network only to the allowed hosts", hosts=[str(p) for p in patterns]
     )
     return dataclasses.replace(sandbox, proxy_socket=proxy.socket_path), proxy
-
-
-# What the CLI accepts as credentials for a real model (API key, OAuth or gateway token, a cloud
-# provider's switch): any one of them makes `--model auto` use the real API.
-CREDENTIAL_VARIABLES = (
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_AUTH_TOKEN",
-    "CLAUDE_CODE_OAUTH_TOKEN",
-    "CLAUDE_CODE_USE_BEDROCK",
-    "CLAUDE_CODE_USE_VERTEX",
-    "CLAUDE_CODE_USE_FOUNDRY",
-)
 
 
 class StartError(Exception):

@@ -569,7 +569,7 @@ def test_every_container_has_resources_and_a_locked_down_security_context(render
 def test_memory_is_sized_from_max_live_sessions(rendering: Rendering) -> None:
     live = rendering.config().max_live_sessions
     limit = _quantity(rendering.container["resources"]["limits"]["memory"])
-    # 512 MiB for the service, 256 MiB for each live Claude Code process: 512Mi + 14 x 256Mi = 4Gi.
+    # 512 MiB for the service, 320 MiB for each live Claude Code process: 512Mi + 14 x 320Mi.
     assert live == 14
     assert limit == SERVICE_RESERVE_BYTES + live * PROCESS_BUDGET_BYTES
     assert default_max_live(int(limit)) == live, "what the service would work out from the limit itself"

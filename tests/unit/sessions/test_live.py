@@ -67,7 +67,7 @@ async def test_a_holder_asking_again_keeps_its_slot_and_a_release_frees_it() -> 
 
 def test_the_default_bound_is_what_the_memory_holds_beside_the_service() -> None:
     assert default_max_live(SERVICE_RESERVE_BYTES + 10 * PROCESS_BUDGET_BYTES) == 10
-    assert default_max_live(4 << 30) == 14  # a 4 GiB pod
+    assert default_max_live(4 << 30) == 11  # a 4 GiB pod: (4096 - 512) MiB / 320 MiB
     assert default_max_live(256 << 20) == 1, "never less than one"
     with pytest.raises(ValueError):
         LiveSlots(0)
