@@ -3,10 +3,19 @@
 # agent-rewind: the gRPC service and the Claude Code CLI it drives, in one image.
 #
 #   docker build -t agent-rewind .
-#   docker run -p 50051:50051 -v agent-rewind:/var/lib/agent-rewind agent-rewind
-#   docker run ... -e ANTHROPIC_API_KEY=... agent-rewind      # the real model instead of the scripted one
+#   docker run -p 50051:50051 -v agent-rewind:/var/lib/agent-rewind \
+#     -v "$PWD/access:/etc/agent-rewind/access:ro" -v "$PWD/tls:/etc/agent-rewind/tls:ro" \
+#     -e ANTHROPIC_API_KEY=... \
+#     --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \
+#     --security-opt seccomp=deploy/seccomp/agent-rewind.json agent-rewind
 #
-# Arguments after the image name are appended to `agent-rewind serve` (e.g. --log-level debug).
+# The server needs, at the paths below: an access file (access/access.json: the principals and
+# their token hashes; `agent-rewind token create` makes an entry) and a TLS certificate and key
+# (tls/tls.crt, tls/tls.key); and a model credential (ANTHROPIC_API_KEY, or another the CLI
+# accepts), since the entrypoint asks for the real model. Arguments after the image name are
+# appended to `agent-rewind serve`: `--model offline` runs the built-in scripted model instead
+# (no credential; for trying it out), `--log-level debug`. `make image-test` builds this image and
+# runs it so (deploy/README.md, "The image test"); deploy/ runs it in Kubernetes.
 #
 # No HEALTHCHECK: the service answers the standard gRPC health protocol (grpc.health.v1), and the
 # image carries no probe binary. Kubernetes probes it natively, on the plaintext health-only port

@@ -23,7 +23,7 @@ lock:  ## the locked dependency sets (requirements/*.txt, with hashes) from pypr
 system:  ## the host's programs: bubblewrap and socat (the sandbox), git (snapshots)
 	@sh scripts/ensure_system.sh
 
-run: $(RUNTIME) system  ## start the service (offline scripted model unless ANTHROPIC_API_KEY is set)
+run: $(RUNTIME) system  ## start the service (the offline scripted model unless a model credential is set)
 	$(VENV)/bin/agent-rewind serve $(ARGS)
 
 test: $(STAMP) system  ## unit and integration tests, against the real Claude Code CLI
