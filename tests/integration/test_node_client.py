@@ -170,3 +170,47 @@ async def test_the_flow_example_runs(node: str, servers: dict[str, ServerProcess
     output = await _run([node, "examples/flow.mjs"], _environment(servers), servers)
     assert re.search(r"^event REWIND_EVENT_KIND_REWOUND cursor=\d+ ", output, re.MULTILINE), output
     assert output.rstrip().endswith("flow done"), output
+
+
+async def test_another_project_installs_the_client_by_path_and_calls_the_server(
+    node: str, servers: dict[str, ServerProcess], tmp_path: Path
+) -> None:
+    """`npm install --install-links /path/to/clients/node` (clients/node/README.md): the package
+    gets its dependencies and a copy of the protos, and works from the other project's folder."""
+    npm = _tool("npm")
+    project = tmp_path / "other-project"
+    project.mkdir()
+    (project / "package.json").write_text(json.dumps({"name": "other", "private": True, "type": "module"}))
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [npm, "install", "--install-links", "--no-audit", "--no-fund", str(NODE_DIR)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    installed = project / "node_modules" / "@agent-rewind" / "client"
+    assert not installed.is_symlink(), "installed, not linked to the checkout"
+    assert (installed / "protos" / "agent_rewind" / "v1" / "session_service.proto").exists()
+    (project / "main.mjs").write_text(
+        "import { connect, PROTO_DIR } from '@agent-rewind/client';\n"
+        "const client = connect(process.env.AGENT_REWIND_SERVER);\n"
+        "const caps = await client.getCapabilities();\n"
+        "console.log(JSON.stringify({ protos: PROTO_DIR, backend: caps.model_backend }));\n"
+        "client.close();\n"
+    )
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [node, "main.mjs"],
+        cwd=project,
+        env=_environment(servers),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    said = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert said == {"protos": f"{installed}/protos/", "backend": "offline"}

@@ -1,14 +1,21 @@
 // The client: the repo's protos loaded with proto-loader, one channel, promise-returning unary
 // calls and async-iterable streams, every failure an AgentRewindError.
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 import { toAgentRewindError } from './errors.js';
 import { fromStruct, toStruct } from './values.js';
 
-/** The repo's protos/ directory: this package lives in clients/node/ of the repo. */
-export const PROTO_DIR = fileURLToPath(new URL('../../../protos/', import.meta.url));
+/**
+ * Where agent_rewind/v1/*.proto are: the repo's protos/ when this package is clients/node/ of the
+ * repo, else the package's own copy (npm's `prepare` makes it, so a package installed with
+ * --install-links or packed with `npm pack` carries the protos it was made with).
+ */
+const REPO_PROTOS = fileURLToPath(new URL('../../../protos/', import.meta.url));
+export const PROTO_DIR = existsSync(`${REPO_PROTOS}agent_rewind/v1/session_service.proto`)
+  ? REPO_PROTOS
+  : fileURLToPath(new URL('../protos/', import.meta.url));
 
 /**
  * How messages look in JavaScript. keepCase: field names exactly as in the .proto (session_id,
