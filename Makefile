@@ -7,7 +7,7 @@ ARGS ?=
 RUNTIME := $(VENV)/.installed-runtime-$(shell cat pyproject.toml requirements/runtime.txt | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint fmt proto docs demo bench soak fuzz mutants image-test lock clean system
+.PHONY: run test lint fmt proto docs demo bench soak fuzz mutants image-test compat lock clean system
 
 $(RUNTIME): pyproject.toml requirements/runtime.txt
 	@PYTHON=$(PYTHON) sh scripts/install.sh runtime
@@ -59,6 +59,9 @@ fuzz: $(STAMP) system  ## every hostile-input property and RPC fuzz with at leas
 image-test: $(STAMP) system  ## build the image from the Dockerfile and run it as the pod does (minutes; root, buildah, podman)
 	$(PY) scripts/image_test.py $(ARGS)
 
+compat: $(STAMP) system  ## the integration suite against the newest claude-agent-sdk, in a venv of its own (minutes)
+	$(PY) scripts/compat.py $(ARGS)
+
 mutants: $(STAMP) system  ## mutation testing of the modules where a silent bug costs most (under an hour)
 	$(PY) scripts/mutants.py $(ARGS)
 
@@ -66,4 +69,4 @@ soak: $(STAMP) system  ## random prompts, rewinds, interrupts and server SIGKILL
 	$(PY) scripts/soak.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV).lock var .pytest_cache .mypy_cache .ruff_cache .mutants coverage
+	rm -rf $(VENV) $(VENV).lock var .pytest_cache .mypy_cache .ruff_cache .mutants coverage .compat

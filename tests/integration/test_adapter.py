@@ -6,6 +6,8 @@ process handle) so an SDK upgrade that changes them fails here, loudly.
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +21,8 @@ from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
 from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.testing import ScriptedModel
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +134,16 @@ def test_the_bundled_cli_is_the_version_the_adapter_reports() -> None:
     binary = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=True)
     assert adapter.cli_version() in out.stdout
-    assert adapter.sdk_version() == "0.2.184"
+    assert adapter.sdk_version() == importlib.metadata.version("claude-agent-sdk")
+
+
+@pytest.mark.version_bound("the claude-agent-sdk version pyproject.toml pins")
+def test_the_installed_sdk_is_the_pinned_one() -> None:
+    """The service is tested against one SDK (and the CLI inside it): the pin. A venv holding
+    another (make compat's) is not what ships."""
+    pin = re.search(r'"claude-agent-sdk==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pin is not None
+    assert adapter.sdk_version() == pin.group(1)
 
 
 async def test_a_cli_that_cannot_start_raises_agent_error(tmp_path: Path, model: ScriptedModel) -> None:
