@@ -5,6 +5,7 @@ handlers (rpc/handlers.py) and the real authenticator; the owner is a stand-in f
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
+from agent_rewind import metrics
 from agent_rewind.access import LOCAL
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.errors import SessionNotFound
@@ -65,6 +67,10 @@ class _Front(session_service_pb2_grpc.SessionServiceServicer):
     async def Prompt(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
         raise AssertionError("answered here: it should have been forwarded")
         yield
+
+    @unary
+    async def CloseSession(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        raise AssertionError("answered here: it should have been forwarded (the owner serves no such call)")
 
 
 @dataclass
@@ -163,6 +169,44 @@ async def test_a_unary_call_reaches_the_owner_with_principal_secret_and_deadline
     assert remaining is not None and 5 < remaining <= 7.1, "what remains of the caller's deadline"
     assert metadata["traceparent"] == "00-abc-def-01", "the caller's own metadata goes along"
     assert "authorization" not in metadata, "its credentials do not"
+
+
+async def test_a_forwarded_call_is_counted_and_timed_by_its_method(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    """The time recorded is the forwarded call's own: no more than the caller waited."""
+    channel, _, _ = pair
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    counted = _sample("agent_rewind_forwarded_rpcs_total", method="GetSession")
+    timed = _sample("agent_rewind_forwarded_rpc_duration_seconds_sum", method="GetSession")
+    started = time.perf_counter()
+    await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID))
+    waited = time.perf_counter() - started
+    assert _sample("agent_rewind_forwarded_rpcs_total", method="GetSession") == counted + 1
+    took = _sample("agent_rewind_forwarded_rpc_duration_seconds_sum", method="GetSession") - timed
+    assert 0 < took <= waited
+
+
+def _sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_status_the_owners_transport_gave_comes_back_as_it_said_it(
+    pair: tuple[grpc.aio.Channel, _Owner, _Owners],
+) -> None:
+    """An owner that does not serve the call (an older version, say) answers UNIMPLEMENTED from
+    gRPC itself, with no details of the contract: the caller gets that status and its message,
+    as the owner would have told it."""
+    channel, _, owners = pair
+    request = session_service_pb2.CloseSessionRequest(session_id=SID)
+    async with grpc.aio.insecure_channel(owners.to.address) as direct:
+        with pytest.raises(grpc.aio.AioRpcError) as said:
+            await session_service_pb2_grpc.SessionServiceStub(direct).CloseSession(request)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await session_service_pb2_grpc.SessionServiceStub(channel).CloseSession(request)
+    assert said.value.code() == grpc.StatusCode.UNIMPLEMENTED and said.value.details()
+    assert (err.value.code(), err.value.details()) == (said.value.code(), said.value.details())
+    assert owners.forgotten == [SID], "its owner is asked again next time"
 
 
 async def test_the_owners_error_comes_back_whole_and_its_owner_is_asked_again_next_time(
