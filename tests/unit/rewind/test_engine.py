@@ -1,19 +1,16 @@
 """The rewind engine's bookkeeping with a fake CLI: intents, failures, pending intents and recovery.
 
 The real CLI proves the rewinds themselves (tests/integration/test_rewind.py); here a small fake
-answers rewind_files so failures can be provoked exactly where they hurt. The transcript is
-written by the test, the ledger is a real SQLite one in tmp_path.
+answers rewind_files so failures can be provoked exactly where they hurt (tests/unit/rewind/fakes.py).
+The transcript is written by the test, the ledger is a real SQLite one in tmp_path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict
 
 import pytest
 
@@ -21,237 +18,15 @@ from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
     FileCheckpointUnavailable,
+    RequestIdReused,
     RewindConflict,
 )
-from agent_rewind.rewind.engine import RewindEngine, RewindRequest
-from agent_rewind.rewind.outcome import Mode
-from agent_rewind.sessions.adapter import AgentError, ClientSpec
-from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent, TurnEvent
-from agent_rewind.sessions.worker import SessionWorker, WorkerContext
-from agent_rewind.store.ledger import Anchor, NewRewind, NewSession, RewindRecord, SessionRecord
-from agent_rewind.store.sqlite import SqliteLedger
-from agent_rewind.transcript.paths import transcript_path
-
-SOON = 2.0
-
-
-@dataclass
-class Knobs:
-    """How every fake process of a session behaves (a retry runs in a new process)."""
-
-    apply_failures: int = 0  # restores that fail with the process dying mid-request
-    refuse_apply: bool = False  # the restore itself is refused (no checkpoint)
-    apply_gate: asyncio.Event | None = None  # a restore waits here
-    apply_entered: asyncio.Event = field(default_factory=asyncio.Event)
-    applied: list[str] = field(default_factory=list)  # restores that happened
-    log: list[str] = field(default_factory=list)  # everything the processes were asked, in order
-
-
-class FakeClient:
-    """Only what a rewind (and a plain turn) uses."""
-
-    def __init__(self, spec: ClientSpec, knobs: Knobs, transcript: Path) -> None:
-        self.spec = spec
-        self.knobs = knobs
-        self._transcript = transcript
-        self._alive = False
-        self.closed = False
-        self.cuts: list[str] = []
-        self._prompt = ("", "")
-        # Where the CLI's next entry chains to.
-        self._leaf = spec.resume_session_at if spec.resume else None
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    @property
-    def pid(self) -> int | None:
-        return 1 if self._alive else None
-
-    async def start(self) -> None:
-        self._alive = True
-
-    async def send_prompt(self, text: str, prompt_id: str) -> None:
-        self.knobs.log.append(f"prompt {text}")
-        self._prompt = (text, prompt_id)
-        # The CLI writes the prompt to the transcript before it answers.
-        with self._transcript.open("a") as f:
-            f.write(json.dumps(_entry("user", prompt_id, self._leaf, text)) + "\n")
-        self._leaf = prompt_id
-
-    async def receive_turn(self, prompt_id: str) -> AsyncIterator[TurnEvent]:
-        text, sent_id = self._prompt
-        assert sent_id == prompt_id
-        yield PromptEvent(prompt_id, text)
-        yield ResultEvent("success", False, 1, 5, 0.0, "ok", "end_turn")
-
-    async def interrupt(self) -> None:
-        return None
-
-    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
-        if dry_run:
-            return FilesAnswer(can_rewind=True, files_changed=("a.txt",), insertions=1, deletions=1)
-        knobs = self.knobs
-        knobs.log.append(f"restore {message_id}")
-        knobs.apply_entered.set()
-        if knobs.apply_gate is not None:
-            await knobs.apply_gate.wait()
-        if knobs.apply_failures > 0:
-            knobs.apply_failures -= 1
-            self._alive = False
-            raise AgentError("the process died")
-        if knobs.refuse_apply:
-            return FilesAnswer(can_rewind=False, error="No file checkpoint found for this message")
-        knobs.applied.append(message_id)
-        knobs.log.append(f"restored {message_id}")
-        return FilesAnswer(
-            can_rewind=True, files_changed=("a.txt",), insertions=1, deletions=1, skipped_links=2
-        )
-
-    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
-        self.knobs.log.append(f"cut {target}")
-        self.cuts.append(target)
-        entries = [json.loads(line) for line in self._transcript.read_text().splitlines()]
-        self._leaf = next(e["parentUuid"] for e in entries if e["uuid"] == target)
-        return ConversationAnswer(True)
-
-    async def kill(self) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        self._alive = False
-        self.closed = True
-
-
-def _entry(kind: str, uid: str, parent: str | None, text: str = "") -> dict[str, Any]:
-    if kind == "user":
-        return {
-            "type": "user",
-            "uuid": uid,
-            "parentUuid": parent,
-            "promptSource": "sdk",
-            "timestamp": "2026-11-29T10:00:00Z",
-            "message": {"role": "user", "content": text},
-        }
-    return {
-        "type": "assistant",
-        "uuid": uid,
-        "parentUuid": parent,
-        "timestamp": "2026-11-29T10:00:01Z",
-        "message": {"id": f"msg_{uid[:8]}", "role": "assistant", "content": [{"type": "text", "text": "ok"}]},
-    }
-
-
-class Setup:
-    """One session: its ledger, engine, worker (whose context resolves pending intents) and transcript."""
-
-    def __init__(self, tmp_path: Path, ledger: SqliteLedger, record: SessionRecord) -> None:
-        self.tmp_path = tmp_path
-        self.ledger = ledger
-        self.sid = record.session_id
-        self.knobs = Knobs()
-        self.clients: list[FakeClient] = []
-        self.path = transcript_path(tmp_path / "claude", record.cwd, self.sid)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine, self.worker = self.server(record)
-        self.prompts: list[str] = []
-        self.last = ""
-        self.leaf: str | None = None
-
-    @classmethod
-    async def create(cls, tmp_path: Path) -> Setup:
-        ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
-        cwd = tmp_path / "ws"
-        cwd.mkdir()
-        record = await ledger.add_session(NewSession(str(uuid.uuid4()), str(cwd), {}, True))
-        return cls(tmp_path, ledger, record)
-
-    def server(self, record: SessionRecord) -> tuple[RewindEngine, SessionWorker]:
-        """The engine and worker a server makes for the session (at a restart, new ones)."""
-
-        def factory(spec: ClientSpec) -> FakeClient:
-            self.clients.append(FakeClient(spec, self.knobs, self.path))
-            return self.clients[-1]
-
-        engine = RewindEngine(self.ledger)
-        ctx = WorkerContext(
-            ledger=self.ledger,
-            client_factory=factory,
-            cli_env={},
-            claude_config_dir=self.tmp_path / "claude",
-            idle_timeout=0,
-            resolve_pending=engine.resolve_pending,
-        )
-        return engine, SessionWorker(record, ctx)
-
-    async def restart(self) -> None:
-        """As if the server died and started again: new worker and engine, same ledger and files."""
-        await self.worker.shutdown(0)
-        record = await self.ledger.session(self.sid)
-        assert record is not None
-        self.engine, self.worker = self.server(record)
-
-    def turn(self, text: str) -> str:
-        prompt, answer = str(uuid.uuid4()), str(uuid.uuid4())
-        with self.path.open("a") as f:
-            f.write(json.dumps(_entry("user", prompt, self.leaf, text)) + "\n")
-            f.write(json.dumps(_entry("assistant", answer, prompt)) + "\n")
-        self.prompts.append(prompt)
-        self.leaf = self.last = answer
-        return prompt
-
-    def request(self, target: str, mode: Mode, **kw: Any) -> RewindRequest:
-        return RewindRequest(session_id=self.sid, message_id=target, mode=mode, **kw)
-
-    async def texts(self) -> list[str]:
-        return [p.text for p in (await self.worker.view()).points]
-
-    async def pending(self) -> list[RewindRecord]:
-        return await self.ledger.pending_rewinds(self.sid)
-
-    async def resolve(self) -> None:
-        """What runs before the session's next prompt or rewind."""
-        async with asyncio.timeout(SOON), self.worker.lock:
-            await self.engine.resolve_pending(self.worker)
-
-    async def close(self) -> None:
-        await self.worker.shutdown(0)
-        await self.ledger.close()
-
-
-@pytest.fixture
-async def make_setup(tmp_path: Path) -> AsyncIterator[Callable[[], Awaitable[Setup]]]:
-    made: list[Setup] = []
-
-    async def make() -> Setup:
-        s = await Setup.create(tmp_path)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        await s.close()
-
-
-MakeSetup = Callable[[], Awaitable[Setup]]
-
-
-async def within(awaitable: Awaitable[Any], seconds: float = SOON) -> Any:
-    async with asyncio.timeout(seconds):
-        return await awaitable
-
-
-def crash_once(monkeypatch: pytest.MonkeyPatch, ledger: SqliteLedger, method: str) -> None:
-    """The server dies at this ledger write, once (the write does not happen)."""
-    original = getattr(ledger, method)
-
-    async def crash(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(ledger, method, original)
-        raise RuntimeError(f"the server died at {method}")
-
-    monkeypatch.setattr(ledger, method, crash)
-
+from agent_rewind.metrics import REGISTRY
+from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode, RewindOutcome
+from agent_rewind.rewind.workspace import OVERWRITE, SKIP
+from agent_rewind.sessions.events import ResultEvent
+from agent_rewind.store.ledger import Anchor, NewRewind
+from tests.unit.rewind.fakes import SOON, MakeSetup, crash_once, within
 
 # Applying
 
@@ -266,7 +41,7 @@ async def test_a_rewind_of_both_halves(make_setup: MakeSetup) -> None:
     assert outcome.last_message_id == first_reply
     assert outcome.files.can_rewind and outcome.files.files_changed == ("a.txt",)
     assert outcome.files.skipped_links == 2, "the restore's own answer"
-    assert outcome.conversation.rewound and outcome.conversation.messages_dropped == 4
+    assert outcome.conversation == ConversationHalf(True, True, True, 4)
     assert s.knobs.applied == [two]
     assert await s.pending() == []
     anchor = await s.ledger.anchor(s.sid)
@@ -285,8 +60,8 @@ async def test_a_dry_run_applies_nothing(make_setup: MakeSetup) -> None:
     two = s.turn("two")
     outcome = await within(s.engine.dry_run(s.worker, s.request(two, Mode.BOTH)))
     assert outcome.rewind_id == ""
-    assert outcome.files.can_rewind and outcome.conversation.can_rewind
-    assert not outcome.conversation.rewound
+    assert outcome.files.requested and outcome.files.can_rewind and outcome.files.source == "checkpoint"
+    assert outcome.conversation == ConversationHalf(True, True, False, 2)
     assert outcome.last_message_id == first_reply, "what the conversation would end at"
     assert s.knobs.applied == [] and await s.ledger.rewinds(s.sid) == []
     assert await s.ledger.anchor(s.sid) is None
@@ -362,6 +137,7 @@ async def test_a_definite_refusal_at_restore_abandons_the_intent(make_setup: Mak
     with pytest.raises(FileCheckpointUnavailable) as caught:
         await within(s.engine.rewind(s.worker, request))
     assert caught.value.metadata["message_id"] == two
+    assert "No file checkpoint found for this message" in caught.value.message, "the CLI's own word"
     assert await s.ledger.rewinds(s.sid) == [], "nothing was applied: nothing recorded"
     assert await s.ledger.request(request.request_id or "") is None, "a retry plans anew"
     assert await s.ledger.anchor(s.sid) is None
@@ -572,3 +348,209 @@ async def test_a_stale_expectation_is_a_conflict_even_when_the_target_was_droppe
         )
     assert caught.value.metadata["last_message_id"] == (await s.worker.view()).last_message_id
     assert isinstance(caught.value, AgentRewindError)
+
+
+async def test_a_files_only_rewind_leaves_the_conversation_as_it_is(make_setup: MakeSetup) -> None:
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    s.turn("three")
+    outcome = await within(s.engine.rewind(s.worker, s.request(two, Mode.FILES)))
+    assert outcome.files.can_rewind and s.knobs.applied == [two]
+    assert outcome.conversation == ConversationHalf()
+    assert outcome.last_message_id == s.last, "the conversation still ends where it did"
+    assert await s.ledger.anchor(s.sid) is None
+    assert await s.texts() == ["one", "two", "three"]
+    [event] = s.published
+    assert (event.kind, event.rewind_id) == ("REWOUND", outcome.rewind_id)
+
+
+async def test_a_prompts_rewind_runs_under_the_lock_its_turn_holds(make_setup: MakeSetup) -> None:
+    """PromptRequest.rewind: the turn holds the session's lock, and the rewind runs under it."""
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    async with asyncio.timeout(SOON), s.worker.lock:
+        outcome = await s.engine.rewind_before_prompt(s.worker, s.request(two, Mode.BOTH))
+    assert outcome.conversation.rewound and s.knobs.applied == [two]
+    assert await s.texts() == ["one"]
+
+
+async def test_a_request_id_used_again_with_another_conflict_policy_is_refused(make_setup: MakeSetup) -> None:
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    rid = str(uuid.uuid4())
+    await within(s.engine.rewind(s.worker, s.request(two, Mode.FILES, request_id=rid, conflict_policy=SKIP)))
+    with pytest.raises(RequestIdReused):
+        await within(
+            s.engine.rewind(s.worker, s.request(two, Mode.FILES, request_id=rid, conflict_policy=OVERWRITE))
+        )
+    assert s.knobs.applied == [two]
+
+
+# What a plan says when a half is refused
+
+
+async def test_a_files_half_the_cli_cannot_rewind_is_refused_with_the_clis_reason(
+    make_setup: MakeSetup,
+) -> None:
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    s.knobs.refuse_plan = "No file checkpoint found for this message"
+    preview = await within(s.engine.dry_run(s.worker, s.request(two, Mode.BOTH)))
+    assert preview.files.requested and not preview.files.can_rewind
+    assert preview.files.refusal is not None
+    assert preview.files.refusal.reason == "FILE_CHECKPOINT_UNAVAILABLE"
+    assert preview.files.refusal.metadata["sdk_error"] == "No file checkpoint found for this message"
+    assert preview.conversation.can_rewind, "the other half is judged on its own"
+    with pytest.raises(AgentRewindError) as caught:
+        await within(s.engine.rewind(s.worker, s.request(two, Mode.BOTH)))
+    assert caught.value.reason == "FILE_CHECKPOINT_UNAVAILABLE"
+    assert await s.ledger.rewinds(s.sid) == [] and await s.texts() == ["one", "two"]
+
+
+async def test_a_files_half_of_a_session_without_checkpointing_is_refused(make_setup: MakeSetup) -> None:
+    s = await make_setup(checkpointing=False)
+    s.turn("one")
+    two = s.turn("two")
+    preview = await within(s.engine.dry_run(s.worker, s.request(two, Mode.FILES)))
+    assert preview.files.requested and not preview.files.can_rewind
+    assert preview.files.refusal is not None and preview.files.refusal.reason == "CHECKPOINTING_DISABLED"
+    assert s.knobs.log == [], "the CLI is not asked"
+
+
+async def test_the_first_prompts_conversation_half_is_refused(make_setup: MakeSetup) -> None:
+    s = await make_setup()
+    one = s.turn("one")
+    s.turn("two")
+    preview = await within(s.engine.dry_run(s.worker, s.request(one, Mode.CONVERSATION)))
+    assert preview.conversation.requested and not preview.conversation.can_rewind
+    assert preview.conversation.refusal is not None
+    assert preview.conversation.refusal.reason == "NO_CONVERSATION_ANCHOR"
+    assert preview.files == FilesHalf(), "not asked for"
+
+
+async def test_a_workspace_replaced_by_a_link_refuses_the_files_half_only(make_setup: MakeSetup) -> None:
+    """A restore would write wherever the link leads; the conversation is not in the workspace."""
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    s.cwd.rename(s.tmp_path / "elsewhere")
+    s.cwd.symlink_to(s.tmp_path / "elsewhere")
+    preview = await within(s.engine.dry_run(s.worker, s.request(two, Mode.BOTH)))
+    assert preview.files.requested and preview.files.refusal is not None
+    assert preview.files.refusal.reason == "WORKSPACE_OUTSIDE_ROOT"
+    with pytest.raises(AgentRewindError) as caught:
+        await within(s.engine.rewind(s.worker, s.request(two, Mode.FILES)))
+    assert caught.value.reason == "WORKSPACE_OUTSIDE_ROOT"
+    assert "restore" not in " ".join(s.knobs.log)
+    outcome = await within(s.engine.rewind(s.worker, s.request(two, Mode.CONVERSATION)))
+    assert outcome.conversation.rewound and await s.texts() == ["one"]
+
+
+# Older intents, and what moved on
+
+
+async def test_recovery_finishes_an_older_versions_intent_whose_anchor_is_still_there(
+    make_setup: MakeSetup,
+) -> None:
+    """An intent recorded before planned_last_message_id existed is checked by its anchor."""
+    s = await make_setup()
+    s.turn("one")
+    first_reply = s.last
+    two = s.turn("two")
+    anchor = Anchor(s.sid, first_reply, two, s.path.stat().st_size, None, "r1")
+    outcome = RewindOutcome("r1", FilesHalf(), ConversationHalf(True, True, False, 2), "")
+    plan = {"target": two, "files": False, "anchor": asdict(anchor), "outcome": outcome.to_json()}
+    await s.ledger.begin_rewind(NewRewind("r1", s.sid, two, "conversation", plan))
+    await within(s.engine.recover({s.sid: s.worker}))
+    assert await s.pending() == []
+    record = await s.ledger.rewind("r1")
+    assert record is not None and record.state == "applied"
+    assert await s.texts() == ["one"]
+
+
+async def test_a_rewind_whose_conversation_moved_on_after_its_files_were_restored_keeps_the_files_half(
+    make_setup: MakeSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files stand; the result says the conversation was not cut, and nothing is cut."""
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    crash_once(monkeypatch, s.ledger, "complete_rewind")
+    with pytest.raises(RuntimeError):
+        await within(s.engine.rewind(s.worker, s.request(two, Mode.BOTH)))
+    [pending] = await s.pending()
+    assert pending.files_applied
+    s.turn("three")  # a CLI that started a turn of its own
+    await s.resolve()
+    record = await s.ledger.rewind(pending.rewind_id)
+    assert record is not None and record.state == "applied" and record.result is not None
+    done = RewindOutcome.from_json(record.result)
+    assert done.files.can_rewind
+    assert done.conversation == ConversationHalf(True, False, False, 0)
+    assert done.last_message_id == s.last
+    assert await s.ledger.anchor(s.sid) is None
+    assert await s.texts() == ["one", "two", "three"]
+    assert s.knobs.applied == [two], "restored once"
+
+
+# Metrics
+
+
+def _rewinds(mode: str, outcome: str, source: str) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "agent_rewind_rewinds_total", {"mode": mode, "outcome": outcome, "source": source}
+        )
+        or 0.0
+    )
+
+
+def _seconds(mode: str) -> float:
+    return REGISTRY.get_sample_value("agent_rewind_rewind_duration_seconds_sum", {"mode": mode}) or 0.0
+
+
+async def test_rewinds_are_counted_by_mode_outcome_and_source_and_a_retry_is_not(
+    make_setup: MakeSetup,
+) -> None:
+    s = await make_setup()
+    s.turn("one")
+    two = s.turn("two")
+    three = s.turn("three")
+    labels = [
+        ("files", "applied", "checkpoint"),
+        ("conversation", "applied", "none"),
+        ("conversation", "refused", "none"),
+        ("files", "failed", "checkpoint"),
+        ("files", "retried", "checkpoint"),
+    ]
+    before = {k: _rewinds(*k) for k in labels}
+    seconds = _seconds("files")
+    rid = str(uuid.uuid4())
+    started = time.perf_counter()
+    first = await within(s.engine.rewind(s.worker, s.request(two, Mode.FILES, request_id=rid)))
+    took = time.perf_counter() - started
+    assert 0 < _seconds("files") - seconds <= took, "how long the rewind took"
+    # A prompt's retry, for a rewind already applied: the same rewind, counted once.
+    async with asyncio.timeout(SOON), s.worker.lock:
+        again = await s.engine.rewind_before_prompt(s.worker, s.request(two, Mode.FILES, request_id=rid))
+    assert again.rewind_id == first.rewind_id and s.knobs.applied == [two]
+    await within(s.engine.rewind(s.worker, s.request(three, Mode.CONVERSATION)))
+    with pytest.raises(RewindConflict):
+        await within(
+            s.engine.rewind(s.worker, s.request(two, Mode.CONVERSATION, expected_last_message_id="x"))
+        )
+    s.knobs.apply_failures = 2
+    with pytest.raises(AgentUnavailable):
+        await within(s.engine.rewind(s.worker, s.request(two, Mode.FILES)))
+    counted = {k: _rewinds(*k) - before[k] for k in labels}
+    assert counted == {
+        ("files", "applied", "checkpoint"): 1,
+        ("conversation", "applied", "none"): 1,
+        ("conversation", "refused", "none"): 1,
+        ("files", "failed", "checkpoint"): 1,
+        ("files", "retried", "checkpoint"): 0,
+    }
