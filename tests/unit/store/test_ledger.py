@@ -8,11 +8,13 @@ and tested beside it.
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from agent_rewind import metrics
 from agent_rewind.errors import ReplicaUnavailable, SessionAlreadyExists
 from agent_rewind.store.ledger import (
     Anchor,
@@ -114,6 +116,26 @@ async def test_a_session_created_with_a_request_id_is_found_by_it(ledger: Ledger
     assert await ledger.session(OTHER) is None, "the refused insert left nothing behind"
     await ledger.remove_session(SID)
     assert await ledger.session(SID) is None and await ledger.request("req-1") is None
+
+
+def _write_seconds() -> tuple[float, float]:
+    """The ledger-write histogram's (count, sum)."""
+    sample = metrics.REGISTRY.get_sample_value
+    return (
+        sample("agent_rewind_ledger_write_seconds_count") or 0.0,
+        sample("agent_rewind_ledger_write_seconds_sum") or 0.0,
+    )
+
+
+async def test_each_write_s_duration_is_observed_once_as_long_as_it_took(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    count, total = _write_seconds()
+    started = time.perf_counter()
+    await ledger.touch_session(SID, started=True)
+    took = time.perf_counter() - started
+    after_count, after_total = _write_seconds()
+    assert after_count == count + 1
+    assert 0 <= after_total - total <= took
 
 
 # Request ids
@@ -562,6 +584,30 @@ async def test_a_fenced_ledger_refuses_every_write_once_another_incarnation_regi
     assert [(s.session_id, s.closed) for s in await ledger.sessions()] == [(SID, False)]  # nothing changed
     await ledger.retire_replica("pod-0", first.epoch)  # the directory's own writes still run
     assert [r.epoch for r in await ledger.replicas()] == [2]
+
+
+async def test_a_fenced_incarnation_learns_it_from_its_renewal_and_may_register_anew(
+    ledger: Ledger,
+) -> None:
+    """The directory's writes are not fenced: the fenced-off incarnation's renewal answers None
+    (Membership's sign that it is fenced, not that the ledger is away), and its process may join
+    again as a newer incarnation."""
+    first = await ledger.register_replica("pod-0", "pod-0:50051", 30)
+    ledger.fence("pod-0", first.epoch)
+    await ledger.register_replica("pod-0", "elsewhere:50051", 30)
+    assert await ledger.renew_replica("pod-0", first.epoch, 30) is None
+    again = await ledger.register_replica("pod-0", "pod-0:50051", 30)
+    assert (again.epoch, again.address, again.alive) == (3, "pod-0:50051", True)
+    ledger.fence("pod-0", again.epoch)
+    await ledger.add_session(_session())  # the newest incarnation writes
+
+
+async def test_a_lease_is_current_only_before_it_ends(ledger: Ledger) -> None:
+    """A lease that ends the moment it is granted (zero seconds) is not current, by the same
+    clock reading that granted it; nor is a retired one."""
+    granted = await ledger.register_replica("pod-0", "pod-0:50051", 0)
+    assert not granted.alive and granted.lease_expires <= now()
+    assert [r.alive for r in await ledger.replicas()] == [False]
 
 
 async def test_a_session_id_taken_is_refused_the_same_way_by_every_ledger(ledger: Ledger) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from agent_rewind.errors import StorageUnavailable
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession
 from agent_rewind.store.sqlite import MIGRATIONS, SchemaTooNew, SqliteLedger
 
@@ -47,6 +49,30 @@ async def test_everything_survives_closing_and_reopening_the_file(tmp_path: Path
         assert (await second.complete_rewind("r2", {}, None, NewEvent("REWOUND", SID, "r2"))).cursor == 2
     finally:
         await second.close()
+
+
+async def test_a_write_waits_out_the_busy_timeout_for_another_writer_then_is_unavailable(
+    tmp_path: Path,
+) -> None:
+    """Another writer holding the file's write lock (a backup, an operator's sqlite3 shell) is
+    waited for as long as the busy timeout says; then the write is StorageUnavailable and has
+    changed nothing. Once the lock is released, writes go through."""
+    path = tmp_path / "ledger.sqlite3"
+    ledger = await SqliteLedger.open(path, busy_timeout=0.3)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable):
+            await ledger.begin_request(NewRequest("req-1", "Prompt", "fp", SID))
+        assert time.monotonic() - started >= 0.25, "it waited for the lock, not failed at once"
+        holder.execute("ROLLBACK")
+        assert await ledger.request("req-1") is None
+        await ledger.begin_request(NewRequest("req-1", "Prompt", "fp", SID))
+        assert await ledger.request("req-1") is not None
+    finally:
+        holder.close()
+        await ledger.close()
 
 
 async def test_the_ledger_creates_its_directory(tmp_path: Path) -> None:
