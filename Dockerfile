@@ -2,13 +2,17 @@
 #
 # agent-rewind: the gRPC service and the Claude Code CLI it drives, in one image.
 #
-#   docker build -t agent-rewind .
-#   docker run -p 50051:50051 -v agent-rewind:/var/lib/agent-rewind \
+#   podman build -t agent-rewind .        (or docker build)
+#   podman run -p 50051:50051 -v agent-rewind:/var/lib/agent-rewind \
 #     -v "$PWD/access:/etc/agent-rewind/access:ro" -v "$PWD/tls:/etc/agent-rewind/tls:ro" \
 #     -e ANTHROPIC_API_KEY=... \
 #     --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \
-#     --security-opt seccomp=deploy/seccomp/agent-rewind.json agent-rewind
+#     --security-opt seccomp=deploy/seccomp/agent-rewind.json \
+#     --uidmap 0:100000:65536 --gidmap 0:100000:65536 --security-opt unmask=ALL agent-rewind
 #
+# The last line is the pod's hostUsers: false and procMount: Unmasked: the command sandbox mounts a
+# /proc of its own, which the kernel refuses under a runtime's default /proc masks (Docker: a
+# userns-remap daemon and --security-opt systempaths=unconfined).
 # The server needs, at the paths below: an access file (access/access.json: the principals and
 # their token hashes; `agent-rewind token create` makes an entry) and a TLS certificate and key
 # (tls/tls.crt, tls/tls.key); and a model credential (ANTHROPIC_API_KEY, or another the CLI

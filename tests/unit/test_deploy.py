@@ -553,6 +553,10 @@ def test_every_container_has_resources_and_a_locked_down_security_context(render
         assert security["capabilities"] == {"drop": ["ALL"]}
         # The command sandbox's user namespaces: the profile shipped in deploy/seccomp/.
         assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": "agent-rewind.json"}
+        # ... and the /proc of its own it mounts: only an unmasked /proc lets it, and the API
+        # allows that only in a pod with a user namespace of its own (the image test runs both).
+        assert security["procMount"] == "Unmasked"
+        assert pod["hostUsers"] is False
         resources = container["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]), container["name"]
         assert "memory" in resources["limits"], container["name"]

@@ -155,6 +155,13 @@ class CommandSandbox:
             shutil.rmtree(probe, ignore_errors=True)
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip().splitlines()
+            if detail and "mount proc" in detail[-1]:
+                raise SandboxUnavailable(
+                    f"bubblewrap cannot confine commands here ({detail[-1]}): the container's /proc "
+                    "is masked, so no sandbox may mount a /proc of its own; run the pod with "
+                    "procMount: Unmasked and hostUsers: false (deploy/base does; podman: --userns "
+                    "with --security-opt unmask=ALL), or serve with --sandbox off"
+                )
             raise SandboxUnavailable(
                 "bubblewrap cannot confine commands on this host"
                 + (f" ({detail[-1]})" if detail else "")
@@ -215,11 +222,12 @@ class CommandSandbox:
             "--unshare-ipc",
             "--unshare-pid",
             "--unshare-net",
+            # A UTS namespace of its own, but no --hostname: sethostname is refused by the
+            # seccomp profiles of containers without CAP_SYS_ADMIN (it failed so in the image test),
+            # and the container's hostname (a pod name) tells the agent nothing it may not know.
             "--unshare-uts",
             "--unshare-cgroup-try",
             "--disable-userns",
-            "--hostname",
-            "sandbox",
             "--ro-bind",
             "/usr",
             "/usr",

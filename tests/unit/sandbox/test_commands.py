@@ -147,3 +147,20 @@ def test_the_probe_fails_where_bwrap_cannot_confine(tmp_path: Path) -> None:
     sandbox = CommandSandbox(root=tmp_path / "sandbox", bwrap=str(fake))
     with pytest.raises(SandboxUnavailable, match="user namespaces"):
         sandbox.probe()
+
+
+def test_the_probe_names_the_pod_settings_where_the_container_s_proc_is_masked(
+    tmp_path: Path,
+) -> None:
+    """What bwrap says in a container with a runtime's default /proc masks (seen in the image
+    test): the error names the two pod settings that fix it, not user namespaces."""
+    fake = tmp_path / "bwrap"
+    fake.write_text(
+        "#!/bin/sh\necho 'bwrap: Can'\\''t mount proc on /newroot/proc: Operation not permitted' >&2\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    sandbox = CommandSandbox(root=tmp_path / "sandbox", bwrap=str(fake))
+    with pytest.raises(SandboxUnavailable, match="procMount: Unmasked and hostUsers: false") as err:
+        sandbox.probe()
+    assert "Can't mount proc" in str(err.value)
