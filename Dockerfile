@@ -13,6 +13,7 @@
 # The last line is the pod's hostUsers: false and procMount: Unmasked: the command sandbox mounts a
 # /proc of its own, which the kernel refuses under a runtime's default /proc masks (Docker: a
 # userns-remap daemon and --security-opt systempaths=unconfined).
+#
 # The server needs, at the paths below: an access file (access/access.json: the principals and
 # their token hashes; `agent-rewind token create` makes an entry) and a TLS certificate and key
 # (tls/tls.crt, tls/tls.key); and a model credential (ANTHROPIC_API_KEY, or another the CLI
