@@ -10,7 +10,10 @@ stamp="$venv/.installed-$kind-$(cat pyproject.toml "requirements/$kind.txt" | ck
 [ -f "$stamp" ] && exit 0
 mkdir -p "$venv"
 exec 9>"$venv.lock"
-flock 9
+if ! flock -n 9; then
+    echo "make: another make is installing dependencies into $venv; waiting for it (a minute on a fresh clone)" >&2
+    flock 9
+fi
 [ -f "$stamp" ] && exit 0  # made while this one waited
 if [ ! -x "$venv/bin/python" ]; then
     echo "make: creating $venv" >&2
