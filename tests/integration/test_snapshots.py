@@ -256,6 +256,8 @@ async def test_snapshot_bytes_are_reported_listed_and_both_mode_cuts_the_convers
         assert held > 0
         listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())
         assert [(s.session_id, s.snapshot_bytes) for s in listed.sessions] == [(sid, held)], "listed too"
+        closed = await c.sessions.CloseSession(session_service_pb2.CloseSessionRequest(session_id=sid))
+        assert closed.snapshot_bytes == held, "every answer that is a Session says it (the demo showed 0 B)"
         (c_file := cwd / "big.txt").write_bytes(os.urandom(50_000))
         await c.prompt(sid, "say again")  # its snapshots hold big.txt now
         listed = await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())

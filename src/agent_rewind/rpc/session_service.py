@@ -85,9 +85,7 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         self, request: session_service_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.Session:
         worker = self._session(request.session_id)
-        session = await _session(worker)
-        session.snapshot_bytes = await worker.snapshot_bytes()
-        return session
+        return await _session(worker)
 
     @unary
     async def ListSessions(  # noqa: N802
@@ -100,8 +98,6 @@ class SessionServicer(session_service_pb2_grpc.SessionServiceServicer):
         after = (str(position.get("t")), str(position.get("s"))) if position else None
         workers, more = self._registry.page(after, size, principal)
         sessions = [(page_key(w), await _session(w)) for w in workers]
-        for worker, (_, session) in zip(workers, sessions, strict=True):
-            session.snapshot_bytes = await worker.snapshot_bytes()
         if self.forwarder is not None and not forwarded_by():
             # Every replica lists the sessions it owns, from the same position: the page is the
             # newest `size` of them all. (A replica that is down is not asked: its sessions are
@@ -225,7 +221,10 @@ def _page_key(session: session_pb2.Session) -> tuple[str, str]:
 
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:
-    return convert.session(worker, await worker.view())
+    """The session as every RPC answers it, with what its snapshots hold on disk."""
+    session = convert.session(worker, await worker.view())
+    session.snapshot_bytes = await worker.snapshot_bytes()
+    return session
 
 
 def _workspace_home() -> str | None:
