@@ -443,12 +443,43 @@ async def _start_locked(
     backend: str,
     lock: int | None,
 ) -> RunningServer:
+    # What is made is closed again, latest first, if the start fails before it serves: an
+    # embedding process, or a retry, is left with no thread, connection or port of it.
+    async with contextlib.AsyncExitStack() as made:
+        running = await _make(
+            made, config, client_factory, authenticator, credentials, replica_credentials, backend, lock
+        )
+        running.state_lock = lock
+        made.pop_all()
+    log.info(
+        "serving",
+        address=running.address,
+        state_dir=str(config.state_dir),
+        sessions=len(running.registry.workers),
+        backend=backend,
+    )
+    return running
+
+
+async def _make(
+    made: contextlib.AsyncExitStack,
+    config: Config,
+    client_factory: ClientFactory | None,
+    authenticator: Authenticator,
+    credentials: grpc.ServerCredentials | None,
+    replica_credentials: grpc.ChannelCredentials | None,
+    backend: str,
+    lock: int | None,
+) -> RunningServer:
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
     sandbox, proxy = await _start_sandbox(config)
+    if proxy is not None:
+        made.push_async_callback(proxy.close)
     model = ScriptedModel().start() if backend == "offline" else None
     if model is not None:
+        made.callback(model.stop)
         log.warning(
             "model backend: the offline SCRIPTED model, not Claude; for the real API pass --model anthropic"
             " with a credential",
@@ -459,16 +490,14 @@ async def _start_locked(
     try:
         ledger = await _open_ledger(config)
     except (SchemaTooNew, StorageUnavailable, ImportError, StartError) as err:
-        if model is not None:
-            model.stop()
-        if proxy is not None:
-            await proxy.close()
         raise err if isinstance(err, StartError) else StartError(str(err)) from err
+    made.push_async_callback(ledger.close)
     try:
         await _trim_events(ledger, config)
     except Exception as err:
         log.warning("could not drop old events", error=str(err))
     hub = EventHub(ledger, max_lag=config.watcher_buffer)
+    made.push_async_callback(hub.close)
     await hub.start()
     # A capability is what works on this host now: without git there are no snapshots (new
     # sessions take none, GetCapabilities says so, and the CLI's checkpoints serve files rewinds).
@@ -489,6 +518,8 @@ async def _start_locked(
         if missing is None
         else None
     )
+    if snapshots is not None:
+        made.callback(snapshots.close)
     engine = RewindEngine(ledger, publish=hub.publish, snapshots=snapshots)
     live = LiveSlots(config.max_live_sessions or default_max_live())
     log.info("live process bound", max_live_sessions=live.capacity)
@@ -534,6 +565,7 @@ async def _start_locked(
                 ("grpc.http2.max_pings_without_data", 0),
             ),
         )
+        made.push_async_callback(forwarder.close)
 
     server = grpc.aio.server(
         options=[
@@ -546,6 +578,7 @@ async def _start_locked(
             ("grpc.http2.max_ping_strikes", 0),
         ]
     )
+    made.push_async_callback(server.stop, 0)
     tokens = PageTokens(await ledger.secret("page_tokens"))
     registration.add(
         server,
@@ -611,19 +644,17 @@ async def _start_locked(
     if membership.address.endswith(":0"):  # an ephemeral port: the one bound
         membership.address = f"{membership.address.rpartition(':')[0]}:{port}"
     side = SidePorts()
-    try:
-        # Probes see NOT_SERVING while interrupted rewinds are finished, before any call is admitted.
-        await side.start(config, health_servicer, registry, hub, live)
-        # In the directory before loading and recovery write anything: from here every write
-        # is fenced.
-        await membership.join()
-        await registry.load()
-        await engine.recover(registry.workers)
-        await server.start()
-    except BaseException:
-        await membership.leave()
-        await side.stop()
-        raise
+    made.push_async_callback(side.stop)
+    # Probes see NOT_SERVING while interrupted rewinds are finished, before any call is admitted.
+    await side.start(config, health_servicer, registry, hub, live)
+    # In the directory before loading and recovery write anything: from here every write is
+    # fenced.
+    made.push_async_callback(membership.leave)
+    await membership.join()
+    made.push_async_callback(registry.shutdown, 0)
+    await registry.load()
+    await engine.recover(registry.workers)
+    await server.start()
     for name in (*SERVICE_NAMES, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(
@@ -633,19 +664,11 @@ async def _start_locked(
     running.snapshots = snapshots
     running.sandbox = sandbox
     running.proxy = proxy
-    running.state_lock = lock
     running.membership = membership
     running.forwarder = forwarder
     running.authenticated = authenticator.enabled
     running._chores.append(asyncio.create_task(_forget_old_requests(ledger, config.request_id_retention)))
     running._chores.append(asyncio.create_task(_keep_trimming_events(ledger, config)))
-    log.info(
-        "serving",
-        address=running.address,
-        state_dir=str(config.state_dir),
-        sessions=len(registry.workers),
-        backend=backend,
-    )
     return running
 
 

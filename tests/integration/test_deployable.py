@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,32 @@ async def test_without_git_snapshots_are_off_and_said_so_and_the_checkpoints_ser
         assert result.files.source == rewind_pb2.FILES_SOURCE_CHECKPOINT
         assert read(cwd / "notes.txt") is None, "before the first prompt there was no notes.txt"
         assert "git is not installed" not in "".join(capfd.readouterr()), "said once, at start"
+
+
+def _open_things() -> tuple[list[str], int]:
+    """This process's threads (by name) and open file descriptors."""
+    return sorted(t.name for t in threading.enumerate()), len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_start_that_fails_after_opening_the_ledger_leaves_nothing_open(tmp_path: Path) -> None:
+    """The port is found taken only after the ledger, the event hub, the scripted model and the
+    snapshot threads were made: each is closed again, so an embedding process (or a retry) does
+    not leak them, and the state dir is free for the next start."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        async with serve(tmp_path / "warm"):
+            pass  # grpc's and asyncio's own threads, made once per process
+        before = _open_things()
+        for _ in range(2):
+            with pytest.raises(OSError, match="address is in use"):
+                await start(config_of(tmp_path / "state", listen=f"127.0.0.1:{port}"))
+        # A thread pool shut down without waiting has its workers end just after.
+        for _ in range(100):
+            if _open_things() == before:
+                break
+            await asyncio.sleep(0.05)
+        assert _open_things() == before
+    async with serve(tmp_path / "state") as c:
+        assert (await c.create()).session_id
