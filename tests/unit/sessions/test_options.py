@@ -374,6 +374,17 @@ def test_an_allowed_host_with_a_port_allows_that_port_only() -> None:
         assert err.field == "options.mcp_servers.s.url", url
 
 
+def test_a_remote_mcp_server_on_an_allowed_ipv6_address() -> None:
+    """The operator names the address without brackets; the CLI gets it in them."""
+    operator = OperatorOptions(mcp_hosts=frozenset({"::1"}))
+    config = {"type": "http", "url": "http://[0:0::1]:9000/mcp"}
+    assert validate({"mcp_servers": {"s": config}}, operator) == {
+        "mcp_servers": {"s": {"type": "http", "url": "http://[::1]:9000/mcp"}}
+    }
+    other = {"type": "http", "url": "http://[::2]/mcp"}
+    assert not_allowed({"mcp_servers": {"s": other}}, operator).field == "options.mcp_servers.s.url"
+
+
 def test_remote_mcp_servers_ill_shaped() -> None:
     cases = [
         ({"type": "http"}, "options.mcp_servers.s"),
