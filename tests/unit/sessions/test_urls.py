@@ -4,6 +4,8 @@ checked. tests/unit/test_hostile_input.py checks the accepted ones against Node'
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agent_rewind.sessions.urls import CheckedUrl, UrlMalformed, UrlRefused, check_url
@@ -65,7 +67,9 @@ def test_anything_but_an_http_or_https_url_is_malformed(text: str) -> None:
     malformed(text)
 
 
-@pytest.mark.parametrize("text", ["http:///mcp", "http://?q", "http://127.1/", "http://a_b.example/"])
+@pytest.mark.parametrize(
+    "text", ["http:///mcp", "http://?q", "http:///@x", "http:///%41", "http://127.1/", "http://a_b.example/"]
+)
 def test_a_url_without_a_host_name_or_ip_address_is_malformed(text: str) -> None:
     assert "not a host name" in str(malformed(text))
 
@@ -121,3 +125,11 @@ def test_what_url_parsers_read_differently_is_refused(text: str, why: str) -> No
 
 def test_percent_escapes_in_the_path_and_query_are_kept() -> None:
     assert check_url("http://mcp.example.com/a%2Fb?q=%41").url == "http://mcp.example.com/a%2Fb?q=%41"
+
+
+def test_what_was_checked_cannot_be_changed_afterwards() -> None:
+    """The host allowed and the URL passed on stay the ones checked."""
+    checked = check_url("https://mcp.example.com/mcp")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checked.host = "evil.example"  # type: ignore[misc]
+    assert checked.host == "mcp.example.com"
