@@ -62,7 +62,11 @@ GROUPS = (
     Group(
         "urls",
         "sessions/urls.py",
-        ("tests/unit/sessions/test_options.py", "tests/unit/test_hostile_input.py"),
+        (
+            "tests/unit/sessions/test_urls.py",
+            "tests/unit/sessions/test_options.py",
+            "tests/unit/test_hostile_input.py",
+        ),
     ),
     Group(
         "tools",

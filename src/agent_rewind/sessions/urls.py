@@ -76,7 +76,7 @@ def check_url(text: str) -> CheckedUrl:
         raise UrlRefused("must not percent-encode its host or port")
     host_text, port_text = _split(authority)
     host = normalize_host(host_text)
-    if host is None or (":" in host and not host_text.startswith("[")):
+    if host is None or (":" in host and not authority.startswith("[")):
         raise UrlMalformed(f"{host_text!r} is not a host name or IP address")
     if port_text is not None and (not _PORT.fullmatch(port_text) or not 0 < int(port_text) < 65536):
         raise UrlMalformed(f"{port_text!r} is not a port number (1 to 65535)")

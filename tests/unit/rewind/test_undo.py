@@ -18,7 +18,7 @@ from agent_rewind.errors import AgentRewindError, FilesUnavailable, RequestIdReu
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode
 from agent_rewind.rewind.workspace import SKIP
 from agent_rewind.snapshots import files
-from tests.unit.rewind.fakes import SOON, MakeSetup, Setup, within
+from tests.unit.rewind.fakes import SOON, MakeSetup, Setup, crash_once, within
 
 P0 = {"a.txt": "v0\n"}
 P1 = {"a.txt": "v1\n", "b.txt": "bee\n"}
@@ -145,6 +145,33 @@ async def test_an_undo_needs_a_server_with_snapshots(make_setup: MakeSetup) -> N
         await within(s.engine.undo(s.worker, s.undo_request(rewound.rewind_id)))
     assert "not captured" in caught.value.message
     assert _files(s) == ("v0\n", None, None)
+
+
+async def test_a_rewind_a_server_without_snapshots_finishes_is_applied_and_cannot_be_undone(
+    make_setup: MakeSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its intent kept the files as they were, but the server that finishes it (after a crash)
+    has no snapshots to keep them as it leaves them: the rewind is applied all the same."""
+    s = await make_setup(snapshots=True, workspace_snapshots=False)
+    s.knobs.checkpoint = {"a.txt": "as the checkpoint holds it\n"}
+    await s.prompt("one")
+    two = await s.prompt("two", {"a.txt": "mine\n"})
+    crash_once(monkeypatch, s.ledger, "complete_rewind")
+    with pytest.raises(RuntimeError):
+        await within(s.engine.rewind(s.worker, s.request(two, Mode.FILES)))
+    [pending] = await s.pending()
+    assert pending.plan["undo"] is not None, "the intent kept the files as they were"
+
+    await s.restart(snapshots=False)
+    await within(s.engine.recover({s.sid: s.worker}))
+    assert await s.pending() == []
+    record = await s.ledger.rewind(pending.rewind_id)
+    assert record is not None and record.state == "applied" and record.result is not None
+    assert "undo" not in record.result
+    assert s.read("a.txt") == "as the checkpoint holds it\n"
+    with pytest.raises(UndoUnavailable) as caught:
+        await within(s.engine.undo(s.worker, s.undo_request(pending.rewind_id)))
+    assert "not captured" in caught.value.message
 
 
 # Request ids

@@ -157,12 +157,32 @@ def test_the_size_bound() -> None:
     validate({"system_prompt": "x" * 1000}, NO_FLAGS)
 
 
+def _options_of(size: int) -> dict[str, Any]:
+    """Options (each value within its own limit) that are `size` bytes as JSON."""
+
+    def options(pad: int) -> dict[str, Any]:
+        agents = {
+            name: {"description": "d", "prompt": "p" * (pad // 2 + pad % 2 * i)}
+            for i, name in enumerate("ab")
+        }
+        return {"system_prompt": "x" * 20_000, "agents": agents}
+
+    return options(size - len(json.dumps(options(0))))
+
+
+def test_options_of_exactly_the_size_bound_pass_and_one_byte_more_does_not() -> None:
+    assert len(json.dumps(_options_of(MAX_OPTIONS_BYTES))) == MAX_OPTIONS_BYTES
+    validate(_options_of(MAX_OPTIONS_BYTES), NO_FLAGS)
+    assert ill_shaped(_options_of(MAX_OPTIONS_BYTES + 1)).field == "options"
+
+
 # Text options
 
 
 @pytest.mark.parametrize("key", ["model", "fallback_model"])
 def test_model_names(key: str) -> None:
     assert validate({key: "claude-sonnet-4-5"}, NO_FLAGS) == {key: "claude-sonnet-4-5"}
+    assert validate({key: "m" * 256}, NO_FLAGS) == {key: "m" * 256}, "at most 256 characters"
     for bad in (7, "", "   ", "m" * 257, "a\x00b", ["m"]):
         assert ill_shaped({key: bad}).field == f"options.{key}", bad
 
@@ -190,6 +210,9 @@ def test_system_prompt_as_the_preset() -> None:
     assert ill_shaped({"system_prompt": {"type": "preset", "preset": "other"}}).field == (
         "options.system_prompt.preset"
     )
+    assert validate({"system_prompt": {"type": "preset", "append": ""}}, NO_FLAGS) == {
+        "system_prompt": {"type": "preset", "preset": "claude_code", "append": ""}
+    }
     assert ill_shaped({"system_prompt": {"append": "x"}}).field == "options.system_prompt"
     assert ill_shaped({"system_prompt": {"type": "preset", "append": 3}}).field == (
         "options.system_prompt.append"
@@ -218,6 +241,7 @@ def test_tool_lists(key: str) -> None:
     assert ill_shaped({key: {"Bash": True}}).field == f"options.{key}"
     assert ill_shaped({key: ["Bash", 3]}).field == f"options.{key}[1]"
     assert ill_shaped({key: ["Bash", ""]}).field == f"options.{key}[1]"
+    assert validate({key: ["Read"] * 256}, NO_FLAGS) == {key: ["Read"] * 256}, "at most 256 entries"
     assert ill_shaped({key: ["x"] * 257}).field == f"options.{key}"
 
 
@@ -235,6 +259,7 @@ def test_integer_options(key: str, high: int) -> None:
 def test_max_budget_usd() -> None:
     assert validate({"max_budget_usd": 2.5}, NO_FLAGS) == {"max_budget_usd": 2.5}
     assert validate({"max_budget_usd": 3}, NO_FLAGS) == {"max_budget_usd": 3.0}
+    assert validate({"max_budget_usd": 1e6}, NO_FLAGS) == {"max_budget_usd": 1e6}, "at most 1e6"
     for bad in (0, -1.0, 1e6 + 1, "lots", True, float("nan"), float("inf")):
         assert ill_shaped({"max_budget_usd": bad}).field == "options.max_budget_usd", bad
 
@@ -286,6 +311,11 @@ def test_agents_with_every_allowed_field() -> None:
     }
     checked = validate({"agents": {"code-reviewer.v2": definition}}, NO_FLAGS)
     assert checked == {"agents": {"code-reviewer.v2": {**definition, "maxTurns": 3}}}
+
+
+def test_a_session_may_define_64_subagents() -> None:
+    agents = {f"a{i}": {"description": "d", "prompt": "p"} for i in range(64)}
+    assert validate({"agents": agents}, NO_FLAGS) == {"agents": agents}
 
 
 def test_agents_ill_shaped() -> None:
@@ -372,6 +402,29 @@ def test_an_allowed_host_with_a_port_allows_that_port_only() -> None:
     for url in ("https://mcp.example.com:9000/mcp", "https://mcp.example.com/mcp"):
         err = not_allowed({"mcp_servers": {"s": {"type": "http", "url": url}}}, operator)
         assert err.field == "options.mcp_servers.s.url", url
+
+
+def test_a_remote_mcp_server_on_an_allowed_ipv6_address() -> None:
+    """The operator names the address without brackets; the CLI gets it in them."""
+    operator = OperatorOptions(mcp_hosts=frozenset({"::1"}))
+    config = {"type": "http", "url": "http://[0:0::1]:9000/mcp"}
+    assert validate({"mcp_servers": {"s": config}}, operator) == {
+        "mcp_servers": {"s": {"type": "http", "url": "http://[::1]:9000/mcp"}}
+    }
+    other = {"type": "http", "url": "http://[::2]/mcp"}
+    assert not_allowed({"mcp_servers": {"s": other}}, operator).field == "options.mcp_servers.s.url"
+
+
+def test_at_most_32_mcp_servers_with_at_most_32_headers_each() -> None:
+    headers = {f"X-H{i}": "v" for i in range(32)}
+    servers = {
+        f"s{i}": {"type": "http", "url": "https://mcp.example.com/", "headers": headers} for i in range(32)
+    }
+    assert validate({"mcp_servers": servers}, EVERYTHING) == {"mcp_servers": servers}
+    more = {**servers, "s32": {"type": "http", "url": "https://mcp.example.com/"}}
+    assert ill_shaped({"mcp_servers": more}, EVERYTHING).field == "options.mcp_servers"
+    one = {"type": "http", "url": "https://mcp.example.com/", "headers": {**headers, "X-H32": "v"}}
+    assert ill_shaped({"mcp_servers": {"s": one}}, EVERYTHING).field == "options.mcp_servers.s.headers"
 
 
 def test_remote_mcp_servers_ill_shaped() -> None:
@@ -514,6 +567,7 @@ def test_a_session_may_narrow_the_allowed_hosts() -> None:
     checked = validate(options, _hosts("*.example.com", "pypi.org"))
     assert checked == options
     assert [str(p) for p in sandbox_hosts(checked) or ()] == ["api.example.com", "pypi.org:443"]
+    assert sandbox_hosts({"model": "m"}) is None, "no list of its own: the server's"
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ allows, and any other tool runs only when the session's allowed_tools names it."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,13 @@ def test_glob_brace_alternatives_that_leave_the_workspace_are_denied(workspace: 
 @pytest.mark.parametrize("pattern", ["{src,docs}/*.md", "**/*.{py,txt}"])
 def test_glob_brace_alternatives_inside_the_workspace_are_allowed(workspace: Path, pattern: str) -> None:
     assert allows(ToolPolicy(workspace, []), "Glob", {"pattern": pattern})
+
+
+def test_a_decision_cannot_be_changed_by_whoever_it_is_given_to(workspace: Path) -> None:
+    """Every allowed call gets the same decision: one caller changing it would allow or deny for
+    every session."""
+    policy = ToolPolicy(workspace, ["Bash"])
+    decision = policy.permission("Bash", {"command": "ls"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.allow = False  # type: ignore[misc]
+    assert policy.confinement("Read", {"file_path": "notes.txt"}).allow
