@@ -206,9 +206,10 @@ def _mcp_servers(field: str, value: Any, operator: OperatorOptions) -> dict[str,
             except urls.UrlRefused as err:  # one that URL parsers could read differently
                 raise OptionNotAllowed(f"{where}.url", str(err)) from None
             host = checked.host
-            hostport = f"{host}:{checked.port}" if checked.explicit_port else host
+            shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+            hostport = f"{shown}:{checked.port}" if checked.explicit_port else shown
             allowed = {h.lower() for h in operator.mcp_hosts}
-            if host not in allowed and f"{host}:{checked.port}" not in allowed:
+            if not allowed & {host, shown, f"{host}:{checked.port}", f"{shown}:{checked.port}"}:
                 raise OptionNotAllowed(
                     f"{where}.url", f"the host {hostport!r} is not one the operator allows MCP servers on"
                 )

@@ -415,6 +415,16 @@ def test_a_remote_mcp_server_on_an_allowed_ipv6_address() -> None:
     assert not_allowed({"mcp_servers": {"s": other}}, operator).field == "options.mcp_servers.s.url"
 
 
+def test_an_ipv6_mcp_host_may_be_named_as_a_url_writes_it_with_its_port() -> None:
+    """`--mcp-host [::1]:9000` allows that port of that address, and only that port."""
+    operator = OperatorOptions(mcp_hosts=frozenset({"[::1]:9000"}))
+    config = {"type": "http", "url": "http://[::1]:9000/mcp"}
+    assert validate({"mcp_servers": {"s": config}}, operator) == {"mcp_servers": {"s": config}}
+    other_port = {"type": "http", "url": "http://[::1]:9001/mcp"}
+    refused = not_allowed({"mcp_servers": {"s": other_port}}, operator)
+    assert "'[::1]:9001'" in refused.message
+
+
 def test_at_most_32_mcp_servers_with_at_most_32_headers_each() -> None:
     headers = {f"X-H{i}": "v" for i in range(32)}
     servers = {
