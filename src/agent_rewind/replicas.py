@@ -116,8 +116,12 @@ class Membership:
             await asyncio.sleep(self.lease_s / 3)
             sent = loop.time()
             try:
-                # Bounded, so a hung connection cannot hold the beat past the lease.
-                if not await asyncio.wait_for(self.renew(), self.lease_s / 6):
+                # Bounded, so a hung connection cannot hold the beat past the lease. Not
+                # asyncio.wait_for: on 3.11 it loses a cancellation that comes as the renewal
+                # ends, and `leave` would wait for this loop forever.
+                async with asyncio.timeout(self.lease_s / 6):
+                    renewed = await self.renew()
+                if not renewed:
                     return
                 self._renewed_at = sent
                 self.lease_lost = False
