@@ -116,6 +116,32 @@ class _Renewals:
         await self._begun.setdefault(n, asyncio.Event()).wait()
 
 
+async def test_a_replica_whose_renewals_hang_gives_up_before_its_lease_runs_out(tmp_path: Path) -> None:
+    """A renewal stuck on a connection that never answers is given up after a sixth of the
+    lease, and the beats keep their pace, so the replica still gives up before its lease can
+    run out (and another replica take its sessions over)."""
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    lost = asyncio.Event()
+    lease = 3.0
+
+    async def on_lease_lost() -> None:
+        lost.set()
+
+    membership = Membership(ledger, "pod-0", "a:1", lease, on_lease_lost=on_lease_lost)
+    _Renewals(ledger, *["hung"] * 10)
+    try:
+        joined = asyncio.get_running_loop().time()
+        await membership.join()
+        await asyncio.wait_for(lost.wait(), 5)
+        gave_up = asyncio.get_running_loop().time()
+        (record,) = await ledger.replicas()
+        assert record.alive, "it gave up only once its lease had run out"
+        assert gave_up - joined < lease
+    finally:
+        await membership.leave()
+        await ledger.close()
+
+
 async def test_leaving_as_a_renewal_ends_stops_the_heartbeat(tmp_path: Path) -> None:
     """The heartbeat is cancelled in the very turn of the loop in which a renewal ended (here:
     failed): the cancellation is not lost, so `leave` returns (it waited for the loop forever
