@@ -103,9 +103,12 @@ async def test_an_incarnation_registered_again_elsewhere_is_fenced_at_its_next_r
     async def on_fenced() -> None:
         told.append("fenced")
 
+    await ledger.register_replica("pod-0", "before:1", 60)  # an incarnation before this one
     membership = Membership(ledger, "pod-0", "a:1", 60, on_fenced)
     try:
-        await membership.join()
+        joined = await membership.join()
+        assert (joined.replica_id, joined.address, joined.epoch, joined.alive) == ("pod-0", "a:1", 2, True)
+        assert membership.epoch == 2
         assert await membership.renew() is True, "the current incarnation renews"
         assert not membership.fenced
         await ledger.register_replica("pod-0", "elsewhere:1", 60)  # restarted elsewhere
