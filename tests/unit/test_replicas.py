@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
 from agent_rewind.replicas import LEAST_LOADED, Membership, Owners
@@ -132,7 +133,7 @@ async def test_the_heartbeat_of_a_fenced_incarnation_stops_and_leaves_the_new_on
     async def on_fenced() -> None:
         fenced.set()
 
-    membership = Membership(ledger, "pod-0", "a:1", 0.3, on_fenced)
+    membership = Membership(ledger, "pod-0", "a:1", 1.2, on_fenced)
     try:
         await membership.join()
         newer = await ledger.register_replica("pod-0", "elsewhere:1", 60)
@@ -185,15 +186,18 @@ async def test_one_failed_renewal_is_not_a_lost_lease(tmp_path: Path) -> None:
     async def on_lease_lost() -> None:
         lost.set()
 
-    membership = Membership(ledger, "pod-0", "a:1", 1.5, on_lease_lost=on_lease_lost)
+    membership = Membership(ledger, "pod-0", "a:1", 2.4, on_lease_lost=on_lease_lost)
     renewals = _Renewals(ledger, "down")
     second = asyncio.create_task(renewals.started(2))
     giving_up = asyncio.create_task(lost.wait())
     try:
-        await membership.join()
-        await asyncio.wait([second, giving_up], timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        with capture_logs() as logged:
+            await membership.join()
+            await asyncio.wait([second, giving_up], timeout=5, return_when=asyncio.FIRST_COMPLETED)
         assert second.done() and not lost.is_set(), "gave up after one missed beat"
         assert not membership.lease_lost
+        (failed,) = [e for e in logged if e["log_level"] == "warning"]
+        assert failed["error"] == str(StorageUnavailable("the database is away")), "says why"
     finally:
         second.cancel()
         giving_up.cancel()
@@ -329,7 +333,7 @@ async def test_only_a_dead_replica_that_owns_sessions_or_an_unfinished_erasure_i
         if replica_id == "pod-3":
             done.set()
 
-    membership = Membership(ledger, "pod-1", "b:1", 0.6, take_over=take_over)
+    membership = Membership(ledger, "pod-1", "b:1", 1.2, take_over=take_over)
     try:
         await membership.join()
         await asyncio.wait_for(done.wait(), 5)
