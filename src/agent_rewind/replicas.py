@@ -112,12 +112,20 @@ class Membership:
 
     async def _beat(self) -> None:
         loop = asyncio.get_running_loop()
+        beat = loop.time()
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            # A third of the lease apart however long a beat took (a renewal that hangs to its
+            # bound included), so a lease not renewed is seen lost by two thirds of it, not later.
+            beat = max(beat + self.lease_s / 3, loop.time())
+            await asyncio.sleep(beat - loop.time())
             sent = loop.time()
             try:
-                # Bounded, so a hung connection cannot hold the beat past the lease.
-                if not await asyncio.wait_for(self.renew(), self.lease_s / 6):
+                # Bounded, so a hung connection cannot hold the beat past the lease. Not
+                # asyncio.wait_for: on 3.11 it loses a cancellation that comes as the renewal
+                # ends, and `leave` would wait for this loop forever.
+                async with asyncio.timeout(self.lease_s / 6):
+                    renewed = await self.renew()
+                if not renewed:
                     return
                 self._renewed_at = sent
                 self.lease_lost = False

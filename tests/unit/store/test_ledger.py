@@ -265,6 +265,12 @@ async def test_pending_rewinds_by_session(ledger: Ledger) -> None:
     assert [r.rewind_id for r in await ledger.pending_rewinds()] == ["r1", "r3", "o1"]
     assert [r.rewind_id for r in await ledger.pending_rewinds(SID)] == ["r1", "r3"]
     assert [r.rewind_id for r in await ledger.rewinds(OTHER)] == ["o1"]
+    assert [(r.rewind_id, r.state) for r in await ledger.rewinds()] == [
+        ("r1", "pending"),
+        ("r2", "applied"),
+        ("r3", "pending"),
+        ("o1", "pending"),
+    ], "every session's, applied ones included, in the order they began"
 
 
 async def test_completing_a_rewind_twice_is_refused_and_appends_no_event(ledger: Ledger) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from agent_rewind import metrics
 from agent_rewind.errors import ReplicaUnavailable, StorageUnavailable
@@ -76,6 +77,14 @@ async def test_a_fresh_database_is_migrated_to_the_newest_schema(
         assert await ledger.event_bounds() == (0, 0)
     finally:
         await ledger.close()
+
+
+async def test_each_version_a_migration_reaches_is_logged(empty_postgres_url: str) -> None:
+    with capture_logs() as logged:
+        ledger = await PostgresLedger.open(empty_postgres_url)
+    await ledger.close()
+    migrated = [e["version"] for e in logged if e["event"] == "ledger schema migrated"]
+    assert migrated == list(range(1, len(MIGRATIONS) + 1))
 
 
 async def test_a_ledger_may_have_a_schema_of_its_own(
@@ -294,6 +303,33 @@ async def test_a_connection_the_administrator_ended_is_replaced(
         assert record is not None and record.started
     finally:
         await ledger.close()
+
+
+async def test_a_pool_of_one_whose_connection_was_ended_makes_a_new_one_for_the_next_call(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """Every connection the pool holds failed its check: the next one it makes is taken."""
+    ledger = await PostgresLedger.open(postgres_url, min_size=1, max_size=1)
+    try:
+        await ledger.add_session(NewSession(SID, "/ws/a", {}, True))
+        _run(
+            postgres_server,
+            postgres_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        await ledger.touch_session(SID, closed=True)
+        record = await ledger.session(SID)
+        assert record is not None and record.closed
+    finally:
+        await ledger.close()
+
+
+async def test_a_ledger_whose_connections_cannot_be_set_up_is_refused_at_open(postgres_url: str) -> None:
+    """The pool's connections are made, and set up (here: a lock timeout the server refuses),
+    before `open` returns: a ledger that could serve no call is never handed out."""
+    with pytest.raises(StorageUnavailable):
+        await PostgresLedger.open(postgres_url, lock_timeout=-1, connection_timeout=1)
 
 
 async def test_storage_unavailable_while_the_server_is_down_and_back_after(
