@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -135,7 +136,7 @@ async def test_a_replayed_error_without_its_details_is_internal_with_an_empty_me
 
 
 async def test_a_replayed_errors_metadata_is_strings_and_only_from_a_mapping() -> None:
-    record = {"error": {"reason": "QUOTA_EXCEEDED", "message": "m", "metadata": {"turns": 3}}}
+    record: dict[str, Any] = {"error": {"reason": "QUOTA_EXCEEDED", "message": "m", "metadata": {"turns": 3}}}
     replayed = await Turn.replayed(SID, "hi", "r-1", record)
     with pytest.raises(AgentRewindError) as caught:
         await collect(replayed)
