@@ -111,6 +111,7 @@ class FakeClient:
         self.turn_gate: asyncio.Event | None = None  # the turn waits here after its prompt
         self.turn_error: AgentError | None = None  # raised after the prompt (and the gate)
         self.echo = True  # the CLI echoes the prompt at once; else only after the gate
+        self.only_result = False  # the CLI answers with a result alone (a command: no echo, no reply)
         self.ignore_interrupt = False
         self.interrupt_error: AgentError | None = None
         self.cut_answer = ConversationAnswer(True)
@@ -158,6 +159,9 @@ class FakeClient:
         assert self.prompt_ids and prompt_id == self.prompt_ids[-1], "the turn of the prompt just sent"
         n = len(self.prompts)
         text = self.prompts[-1]
+        if self.only_result:
+            yield ResultEvent("success", False, 0, 1, 0.0, "", "")
+            return
         if self.echo:
             yield PromptEvent(prompt_id, text)
         try:
@@ -1198,6 +1202,7 @@ async def test_shutdown_cancels_a_turn_still_running_after_grace_and_closes_the_
     assert elapsed < 2.0
     assert factory.last.turn_cancelled
     assert factory.last.closed
+    assert factory.last.killed, "killed at once: a process busy with an abandoned turn would not exit"
     assert turn.done
     assert not worker.lock.locked()
     with pytest.raises(AgentUnavailable):
@@ -2020,3 +2025,15 @@ async def test_snapshot_retention_keeps_the_newest_turns_snapshots(
     available = await worker.snapshot_availability()
     assert available.get(second.prompt_id) is True
     assert available.get(first.prompt_id) is not True
+
+
+async def test_a_turn_answered_with_a_result_alone_still_opens_with_its_prompt(
+    make_worker: MakeWorker,
+) -> None:
+    """A command the CLI answers without an echo: its prompt is announced (once the transcript
+    holds it) before the result."""
+    worker, _ = await make_worker(factory=setup(only_result=True, transcript_delay=0.1))
+    turn = await within(worker.start_turn("/cost"))
+    events = await collect(turn)
+    assert kinds(events) == ["PromptEvent", "ResultEvent"]
+    assert events[0] == PromptEvent(turn.prompt_id, "/cost")
