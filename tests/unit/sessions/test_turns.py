@@ -48,7 +48,9 @@ async def test_listeners_get_every_event_from_the_start_and_wait_for_more() -> N
 async def test_a_turns_error_is_raised_after_its_events_to_every_listener() -> None:
     turn = Turn(SID, "hi")
     await turn.publish(PromptEvent(turn.prompt_id, "hi"))
-    await turn.finish(AgentUnavailable(SID, "the process died"))
+    died = AgentUnavailable(SID, "the process died")
+    await turn.finish(died)
+    assert turn.error is died
     for _ in range(2):
         seen: list[TurnEvent] = []
         with pytest.raises(AgentUnavailable):
