@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,9 @@ async def test_listeners_get_every_event_from_the_start_and_wait_for_more() -> N
 async def test_a_turns_error_is_raised_after_its_events_to_every_listener() -> None:
     turn = Turn(SID, "hi")
     await turn.publish(PromptEvent(turn.prompt_id, "hi"))
-    await turn.finish(AgentUnavailable(SID, "the process died"))
+    died = AgentUnavailable(SID, "the process died")
+    await turn.finish(died)
+    assert turn.error is died
     for _ in range(2):
         seen: list[TurnEvent] = []
         with pytest.raises(AgentUnavailable):
@@ -123,3 +126,73 @@ async def test_a_replayed_error_keeps_its_metadata() -> None:
     with pytest.raises(AgentRewindError) as caught:
         [e async for e in replayed.events()]
     assert (caught.value.reason, caught.value.metadata) == ("AGENT_UNAVAILABLE", {"session_id": SID})
+
+
+async def test_a_replayed_error_without_its_details_is_internal_with_an_empty_message() -> None:
+    """A record missing what an error needs (an older or damaged row) still ends the replay with
+    an error, never a success."""
+    replayed = await Turn.replayed(SID, "hi", "r-1", {"prompt_id": "", "error": {}})
+    with pytest.raises(AgentRewindError) as caught:
+        await collect(replayed)
+    assert (caught.value.reason, caught.value.message, caught.value.metadata) == ("INTERNAL", "", {})
+
+
+async def test_a_replayed_errors_metadata_is_strings_and_only_from_a_mapping() -> None:
+    record: dict[str, Any] = {"error": {"reason": "QUOTA_EXCEEDED", "message": "m", "metadata": {"turns": 3}}}
+    replayed = await Turn.replayed(SID, "hi", "r-1", record)
+    with pytest.raises(AgentRewindError) as caught:
+        await collect(replayed)
+    assert caught.value.metadata == {"turns": "3"}
+
+    record = {"error": {"reason": "QUOTA_EXCEEDED", "message": "m", "metadata": ["turns", 3]}}
+    replayed = await Turn.replayed(SID, "hi", "r-1", record)
+    with pytest.raises(AgentRewindError) as caught:
+        await collect(replayed)
+    assert caught.value.metadata == {}
+
+
+async def test_a_replayed_record_without_a_prompt_or_a_result_has_no_events() -> None:
+    replayed = await Turn.replayed(SID, "hi", "r-1", {"prompt_id": None, "result": None})
+    assert replayed.done and not replayed.sent and replayed.prompt_id == ""
+    assert await collect(replayed) == []
+    assert replayed.result is None and replayed.error is None
+
+
+async def test_the_record_of_a_turn_that_ended_with_a_result_and_an_error_keeps_both() -> None:
+    turn = Turn(SID, "hi", request_id="r-1")
+    turn.sent = True
+    await turn.publish(PromptEvent(turn.prompt_id, "hi"))
+    await turn.publish(RESULT)
+    await turn.finish(AgentUnavailable(SID, "recorded late"))
+    record = turn.record()
+    assert record["result"]["result"] == "done"
+    assert record["error"]["reason"] == "AGENT_UNAVAILABLE"
+    replayed = await Turn.replayed(SID, "hi", "r-1", record)
+    seen: list[TurnEvent] = []
+    with pytest.raises(AgentRewindError):
+        async for event in replayed.events():
+            seen.append(event)
+    assert seen == [PromptEvent(turn.prompt_id, "hi"), RESULT]
+
+
+async def test_a_turns_result_is_its_last_event_only_when_that_is_a_result() -> None:
+    turn = Turn(SID, "hi")
+    await turn.publish(RESULT)
+    assert turn.result == RESULT
+    await turn.publish(AssistantEvent("a-2", "msg_2", "after"))
+    assert turn.result is None
+
+
+async def test_a_listener_reading_during_a_turn_gets_each_event_once_in_order() -> None:
+    turn = Turn(SID, "hi")
+    events = turn.events()
+    await turn.publish(PromptEvent(turn.prompt_id, "hi"))
+    assert await asyncio.wait_for(anext(events), 1.0) == PromptEvent(turn.prompt_id, "hi")
+    first, second = AssistantEvent("a-1", "msg_1", "one"), AssistantEvent("a-2", "msg_2", "two")
+    await turn.publish(first)
+    await turn.publish(second)
+    assert await asyncio.wait_for(anext(events), 1.0) == first
+    assert await asyncio.wait_for(anext(events), 1.0) == second
+    await turn.finish()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(events), 1.0)

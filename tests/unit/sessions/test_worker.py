@@ -10,6 +10,7 @@ in tmp_path, behind a wrapper that can make any of its methods fail or wait.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -23,6 +24,7 @@ import pytest
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
+    LiveSessionsExhausted,
     RequestIdReused,
     SessionNotFound,
     ShuttingDown,
@@ -38,8 +40,11 @@ from agent_rewind.sessions.events import (
     ResultEvent,
     TurnEvent,
 )
+from agent_rewind.sessions.live import LiveSlots
+from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.turns import Turn
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
+from agent_rewind.snapshots import Limits
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession, RequestRecord
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.transcript.paths import transcript_path
@@ -94,6 +99,8 @@ class FakeClient:
         self.prompts: list[str] = []
         self.prompt_ids: list[str] = []
         self.interrupts = 0
+        # How many prompts the CLI had been sent at each Interrupt it got.
+        self.interrupted_after: list[int] = []
         self.turn_cancelled = False
         self.cuts: list[tuple[str, str]] = []
         # Where the next entry chains to: the CLI resumes at resume_session_at.
@@ -104,9 +111,13 @@ class FakeClient:
         self.turn_gate: asyncio.Event | None = None  # the turn waits here after its prompt
         self.turn_error: AgentError | None = None  # raised after the prompt (and the gate)
         self.echo = True  # the CLI echoes the prompt at once; else only after the gate
+        self.only_result = False  # the CLI answers with a result alone (a command: no echo, no reply)
         self.ignore_interrupt = False
         self.interrupt_error: AgentError | None = None
         self.cut_answer = ConversationAnswer(True)
+        self.cut_error: AgentError | None = None
+        # Seconds after the prompt is sent before the CLI writes it to the transcript (None: at once).
+        self.transcript_delay: float | None = None
         self._stop = asyncio.Event()  # an honoured interrupt, a kill or a close ends the wait
         self._interrupted = False
 
@@ -137,13 +148,20 @@ class FakeClient:
             raise AgentError("not running")
         self.prompts.append(text)
         self.prompt_ids.append(prompt_id)
-        _append(self._transcript, _prompt_entry(prompt_id, self.leaf, text))
+        entry = _prompt_entry(prompt_id, self.leaf, text)
+        if self.transcript_delay is None:
+            _append(self._transcript, entry)
+        else:
+            asyncio.get_running_loop().call_later(self.transcript_delay, _append, self._transcript, entry)
         self.leaf = prompt_id
 
     async def receive_turn(self, prompt_id: str) -> AsyncIterator[TurnEvent]:
         assert self.prompt_ids and prompt_id == self.prompt_ids[-1], "the turn of the prompt just sent"
         n = len(self.prompts)
         text = self.prompts[-1]
+        if self.only_result:
+            yield ResultEvent("success", False, 0, 1, 0.0, "", "")
+            return
         if self.echo:
             yield PromptEvent(prompt_id, text)
         try:
@@ -179,6 +197,7 @@ class FakeClient:
 
     async def interrupt(self) -> None:
         self.interrupts += 1
+        self.interrupted_after.append(len(self.prompts))
         if self.interrupt_error is not None:
             raise self.interrupt_error
         if not self.ignore_interrupt:
@@ -190,6 +209,8 @@ class FakeClient:
 
     async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
         self.cuts.append((target, newest_prompt))
+        if self.cut_error is not None:
+            raise self.cut_error
         return self.cut_answer
 
     async def kill(self) -> None:
@@ -291,6 +312,10 @@ async def make_worker(tmp_path: Path, ledger: FlakyLedger) -> AsyncIterator[Make
         session_id: str | None = None,
         resolve_pending: Callable[[SessionWorker], Awaitable[None]] | None = None,
         project_settings: bool = False,
+        live: LiveSlots | None = None,
+        replica_id: str = "",
+        snapshots: Snapshots | None = None,
+        snapshot_retention: int = 0,
     ) -> tuple[SessionWorker, FakeFactory]:
         sid = session_id or str(uuid.uuid4())
         record = await ledger.session(sid)
@@ -309,6 +334,10 @@ async def make_worker(tmp_path: Path, ledger: FlakyLedger) -> AsyncIterator[Make
             idle_timeout=idle_timeout,
             interrupt_timeout=interrupt_timeout,
             project_settings=project_settings,
+            live=live,
+            replica_id=replica_id,
+            snapshots=snapshots,
+            snapshot_retention=snapshot_retention,
             **extra,
         )
         worker = SessionWorker(record, ctx)
@@ -956,6 +985,9 @@ async def test_a_turn_cancelled_while_it_records_itself_still_ends_and_releases_
         if worker.lock.locked():
             worker.lock.release()  # let the shutdown (and the fixture) go on
         await within(stopping)
+    # Its events were all read, but the shutdown cut its recording short: the stream says so.
+    with pytest.raises(AgentUnavailable, match="cancelled by a server shutdown"):
+        await collect(turn)
 
 
 # Request ids
@@ -1170,6 +1202,7 @@ async def test_shutdown_cancels_a_turn_still_running_after_grace_and_closes_the_
     assert elapsed < 2.0
     assert factory.last.turn_cancelled
     assert factory.last.closed
+    assert factory.last.killed, "killed at once: a process busy with an abandoned turn would not exit"
     assert turn.done
     assert not worker.lock.locked()
     with pytest.raises(AgentUnavailable):
@@ -1524,3 +1557,483 @@ async def test_9_the_cut_stays_until_a_whole_new_turn_is_written_past_it(
     _append(path, _prompt_entry(p3, a1, "three"), _reply_entry(str(uuid.uuid4()), p3, "3"))
     assert [p.text for p in (await worker.view()).points] == ["one", "three"]
     assert await ledger.anchor(sid) is None
+
+
+async def test_a_cut_is_let_go_once_a_new_prompt_alone_is_written_past_it(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path
+) -> None:
+    """The CLI writes a turn's prompt before its answer: that prompt, chained through the anchor
+    and the first entry past the cut, already puts the cut in the transcript."""
+    sid, path, _anchor, (_p1, a1, _p2, _a2) = await _pending_cut(ledger, tmp_path)
+    worker, _ = await make_worker(session_id=sid)
+    p3 = str(uuid.uuid4())
+    _append(path, _prompt_entry(p3, a1, "three"))
+    assert [p.text for p in (await worker.view()).points] == ["one", "three"]
+    assert await ledger.anchor(sid) is None
+
+
+async def test_a_prompt_past_the_cut_that_does_not_continue_from_its_anchor_leaves_the_cut(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path
+) -> None:
+    """A new conversation root written past the cut does not hold the cut: the ledger keeps it."""
+    sid, path, anchor, (_p1, a1, _p2, _a2) = await _pending_cut(ledger, tmp_path)
+    worker, _ = await make_worker(session_id=sid)
+    root = str(uuid.uuid4())
+    _append(path, _prompt_entry(root, None, "elsewhere"), _reply_entry(str(uuid.uuid4()), root, "x"))
+    assert (await worker.view()).last_message_id == a1
+    assert await ledger.anchor(sid) == anchor
+
+
+async def test_a_transcript_the_cli_writes_under_a_directory_of_its_own_is_found_later(
+    make_worker: MakeWorker, tmp_path: Path
+) -> None:
+    """Looked for before the CLI wrote it (under a name of its own for a long project path),
+    the transcript is found once it exists."""
+    worker, _ = await make_worker()
+    assert len((await worker.view()).points) == 0
+    computed = worker.transcript_file
+    assert not computed.exists()
+    path = tmp_path / "claude" / "projects" / "shortened-by-the-cli" / f"{worker.session_id}.jsonl"
+    _append(path, _prompt_entry(str(uuid.uuid4()), None, "hello"))
+    assert [p.text for p in (await worker.view()).points] == ["hello"]
+    assert worker.transcript_file == path != computed
+
+
+def _reads_in_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records what runs in a thread (asyncio.to_thread) from here on."""
+    calls: list[str] = []
+    real_to_thread = asyncio.to_thread
+
+    async def spy(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", spy)
+    return calls
+
+
+async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
+    make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What decides is the unread part, not the file's size."""
+    import agent_rewind.sessions.worker as worker_module
+
+    worker, _ = await make_worker()
+    path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
+    _append(path, *(_prompt_entry(str(uuid.uuid4()), None, f"prompt {i}") for i in range(4)))
+    calls = _reads_in_threads(monkeypatch)
+    monkeypatch.setattr(worker_module, "_READ_INLINE_BYTES", path.stat().st_size // 2)
+    assert len((await worker.view()).points) == 1
+    assert calls.count("refresh") == 1, "the large first read ran in a thread"
+    _append(path, _prompt_entry(str(uuid.uuid4()), None, "small"))
+    assert [p.text for p in (await worker.view()).points] == ["small"]
+    assert calls.count("refresh") == 1, "the small append was read inline"
+
+
+async def test_an_unread_part_of_exactly_the_inline_bound_is_read_inline(
+    make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_rewind.sessions.worker as worker_module
+
+    worker, _ = await make_worker()
+    path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
+    _append(path, _prompt_entry(str(uuid.uuid4()), None, "hello"))
+    calls = _reads_in_threads(monkeypatch)
+    monkeypatch.setattr(worker_module, "_READ_INLINE_BYTES", path.stat().st_size)
+    assert len((await worker.view()).points) == 1
+    assert "refresh" not in calls
+
+
+async def test_the_transcript_accessors_read_what_the_last_view_caught_up_with(
+    make_worker: MakeWorker,
+) -> None:
+    worker, _ = await make_worker()
+    await collect(await within(worker.start_turn("one")))
+    await collect(await within(worker.start_turn("two")))
+    view = await worker.view()
+    first = view.points[0]
+    assert worker.transcript_size() == worker.transcript_file.stat().st_size > 0
+    assert worker.transcript_view().leaf == view.leaf
+    at_first = worker.view_at(first.message_id)
+    assert [p.text for p in at_first.points] == ["one"]
+    assert at_first.leaf == first.message_id
+
+
+async def test_a_worker_tells_its_replica_and_its_file_history(
+    make_worker: MakeWorker, tmp_path: Path
+) -> None:
+    worker, _ = await make_worker(replica_id="replica-b")
+    assert worker.replica == "replica-b"
+    assert worker.file_history == tmp_path / "claude" / "file-history" / worker.session_id
+
+
+async def test_only_the_process_that_ran_the_newest_prompt_holds_its_checkpoint(
+    make_worker: MakeWorker,
+) -> None:
+    worker, factory = await make_worker()
+    assert not worker.holds_newest_checkpoint, "no prompt yet"
+    await collect(await within(worker.start_turn("one")))
+    assert worker.holds_newest_checkpoint
+    await within(worker.hibernate())
+    assert not worker.holds_newest_checkpoint, "no process"
+    async with worker.exclusive():
+        await worker.ensure_client()  # a new process (a rewind's): it has not run that prompt
+    assert worker.process.alive and not worker.holds_newest_checkpoint
+    await collect(await within(worker.start_turn("two")))
+    assert worker.holds_newest_checkpoint and len(factory.clients) == 2
+
+
+async def test_a_worker_context_is_shared_unchanged_and_off_by_default(
+    tmp_path: Path, ledger: FlakyLedger
+) -> None:
+    """One context serves every worker: it cannot be changed, and project settings are off
+    unless the operator turns them on."""
+    ctx = WorkerContext(
+        ledger=ledger,
+        client_factory=FakeFactory(),
+        cli_env=CLI_ENV,
+        claude_config_dir=tmp_path / "claude",
+        idle_timeout=0.0,
+    )
+    assert ctx.project_settings is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.idle_timeout = 1.0  # type: ignore[misc]
+
+
+async def test_a_cut_that_fails_in_the_live_process_resumes_a_new_one(make_worker: MakeWorker) -> None:
+    worker, factory = await make_worker()
+    await collect(await within(worker.start_turn("first")))
+    old = factory.last
+    old.cut_error = AgentError("broken pipe")
+    async with worker.exclusive():
+        await within(worker.cut_conversation("prompt-x"))
+        assert worker.client_pid is None, "let go at once"
+    await factory.until(lambda: len(factory.clients) == 2 and factory.last.alive and old.closed)
+    assert factory.last.spec.resume
+
+
+async def test_an_undo_lets_the_live_process_go_and_resumes_a_new_one_in_the_background(
+    make_worker: MakeWorker,
+) -> None:
+    worker, factory = await make_worker()
+    await collect(await within(worker.start_turn("first")))
+    old = factory.last
+    async with worker.exclusive():
+        worker.conversation_restored()
+        assert worker.client_pid is None, "let go at once"
+    await factory.until(lambda: len(factory.clients) == 2 and factory.last.alive and old.closed)
+    assert factory.last.spec.resume
+
+
+async def test_an_undo_without_a_live_process_starts_none(make_worker: MakeWorker) -> None:
+    worker, factory = await make_worker()
+    async with worker.exclusive():
+        worker.conversation_restored()
+    await asyncio.sleep(0.05)  # nothing to await for what must not happen
+    assert factory.clients == []
+
+
+async def test_a_session_closed_before_its_background_resume_runs_gets_no_process(
+    make_worker: MakeWorker,
+) -> None:
+    worker, factory = await make_worker()
+    await collect(await within(worker.start_turn("first")))
+    factory.last.cut_answer = ConversationAnswer(False, "turn_running", "busy")
+    async with worker.exclusive():
+        await within(worker.cut_conversation("prompt-x"))
+    await within(worker.close())  # before the background resume had the lock
+    await within(asyncio.gather(*worker._background))
+    assert len(factory.clients) == 1
+    assert worker.state == State.CLOSED
+
+
+async def test_rewind_files_gives_the_clis_answer_and_a_failure_lets_the_process_go(
+    make_worker: MakeWorker,
+) -> None:
+    worker, factory = await make_worker()
+    async with worker.exclusive():
+        assert await worker.rewind_files("prompt-x", dry_run=True) == FilesAnswer(can_rewind=True)
+
+        async def broken(message_id: str, *, dry_run: bool) -> FilesAnswer:
+            raise AgentError("broken pipe")
+
+        factory.last.rewind_files = broken  # type: ignore[method-assign]
+        with pytest.raises(AgentUnavailable, match="broken pipe"):
+            await worker.rewind_files("prompt-x", dry_run=False)
+        assert worker.client_pid is None
+
+
+async def _racing_for_one_request_id(
+    ledger: FlakyLedger, monkeypatch: pytest.MonkeyPatch, workers: list[SessionWorker], request_id: str
+) -> list[Turn | BaseException]:
+    """Two prompts with one request id, both past their ledger lookup before either recorded it."""
+    real = ledger.begin_request
+    arrived: list[str] = []
+    both, release = asyncio.Event(), asyncio.Event()
+
+    async def begin_request(request: NewRequest, result: dict[str, Any]) -> None:
+        arrived.append(request.session_id)
+        if len(arrived) == len(workers):
+            both.set()
+        await release.wait()
+        await real(request, result)
+
+    monkeypatch.setattr(ledger, "begin_request", begin_request)
+    racing = [asyncio.create_task(w.start_turn("hi", request_id)) for w in workers]
+    await within(both.wait())
+    release.set()
+    return list(await within(asyncio.gather(*racing, return_exceptions=True)))
+
+
+async def test_a_prompt_that_loses_a_request_id_to_another_session_leaves_its_session_free(
+    make_worker: MakeWorker, ledger: FlakyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (first, _), (second, _) = await make_worker(), await make_worker()
+    got = await _racing_for_one_request_id(ledger, monkeypatch, [first, second], str(uuid.uuid4()))
+    winners = [g for g in got if isinstance(g, Turn)]
+    losers = [w for w, g in zip((first, second), got, strict=True) if isinstance(g, RequestIdReused)]
+    assert len(winners) == 1 and len(losers) == 1, got
+    await collect(winners[0])
+    loser = losers[0]
+    assert not loser.turn_running and loser.state == State.HIBERNATED
+    events = await collect(await within(loser.start_turn("mine", str(uuid.uuid4()))))
+    assert isinstance(events[-1], ResultEvent)
+
+
+async def test_a_retry_that_loses_the_race_for_its_request_id_is_turn_in_flight(
+    make_worker: MakeWorker, ledger: FlakyLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same call twice at once (two workers of one session): one runs it, the other is
+    TURN_IN_FLIGHT, not REQUEST_ID_REUSED, and claims nothing."""
+    first, _ = await make_worker()
+    twin, _ = await make_worker(session_id=first.session_id)
+    got = await _racing_for_one_request_id(ledger, monkeypatch, [first, twin], str(uuid.uuid4()))
+    winners = [g for g in got if isinstance(g, Turn)]
+    losers = [w for w, g in zip((first, twin), got, strict=True) if isinstance(g, TurnInFlight)]
+    assert len(winners) == 1 and len(losers) == 1, got
+    await collect(winners[0])
+    assert not losers[0].turn_running
+
+
+async def test_the_32_newest_turns_are_re_attached_to_in_memory_older_ones_replayed(
+    make_worker: MakeWorker,
+) -> None:
+    """A turn re-attached to in memory replays every event; one replayed from the ledger only its
+    prompt and result."""
+    worker, factory = await make_worker()
+    ids = [str(uuid.uuid4()) for _ in range(33)]
+    for i, request_id in enumerate(ids):
+        await collect(await within(worker.start_turn(f"turn {i}", request_id)))
+    oldest = await collect(await within(worker.start_turn("turn 0", ids[0])))
+    assert kinds(oldest) == ["PromptEvent", "ResultEvent"], "replayed from the ledger"
+    remembered = await collect(await within(worker.start_turn("turn 1", ids[1])))
+    assert kinds(remembered) == ["PromptEvent", "AssistantEvent", "ResultEvent"], "re-attached to"
+    assert len(factory.last.prompts) == 33, "nothing ran again"
+
+
+async def test_a_turn_cancelled_while_it_waits_for_the_lock_leaves_the_lock_to_its_holder(
+    make_worker: MakeWorker,
+) -> None:
+    worker, _ = await make_worker()
+    await worker.lock.acquire()  # a rewind in progress
+    try:
+        turn = await within(worker.start_turn("queued"))
+        stopping = asyncio.create_task(worker.shutdown(0))  # cancels the waiting turn at once
+        await within(turn.wait())
+        assert worker.lock.locked(), "the rewind still holds the lock"
+        assert not worker.turn_running
+    finally:
+        worker.lock.release()
+    await within(stopping)
+    with pytest.raises(AgentUnavailable, match="cancelled by a server shutdown"):
+        await collect(turn)
+
+
+async def test_after_the_clis_echo_the_prompt_waits_for_the_transcript(make_worker: MakeWorker) -> None:
+    """The prompt event says its rewind point exists: it is published once the transcript holds
+    the prompt, even when the CLI echoes it before writing it."""
+    worker, _ = await make_worker(factory=setup(transcript_delay=0.2))
+    turn = await within(worker.start_turn("hello"))
+    first = await first_event(turn)
+    assert first == PromptEvent(turn.prompt_id, "hello")
+    assert (await worker.catch_up()).get(turn.prompt_id) is not None, "in the transcript when announced"
+    events = await collect(turn)
+    assert kinds(events) == ["PromptEvent", "AssistantEvent", "ResultEvent"]
+
+
+async def test_an_interrupt_while_a_prompt_is_accepted_reaches_the_live_cli_after_the_prompt(
+    make_worker: MakeWorker, ledger: FlakyLedger
+) -> None:
+    """Sent before the prompt, the CLI would have no turn to stop."""
+    worker, factory = await make_worker()
+    await collect(await within(worker.start_turn("one")))
+    recording = ledger.gates["begin_request"] = asyncio.Event()
+    entered = ledger.entered["begin_request"] = asyncio.Event()
+    accepting = asyncio.create_task(worker.start_turn("two", str(uuid.uuid4())))
+    await within(entered.wait())
+    await within(worker.interrupt())
+    assert factory.last.interrupted_after == [], "nothing sent yet"
+    recording.set()
+    events = await collect(await within(accepting))
+    assert factory.last.interrupted_after == [2], "sent once the second prompt was"
+    result = events[-1]
+    assert isinstance(result, ResultEvent) and result.interrupted
+
+
+async def test_hibernation_skips_a_session_whose_prompt_is_being_accepted(
+    make_worker: MakeWorker, ledger: FlakyLedger
+) -> None:
+    worker, factory = await make_worker()
+    await collect(await within(worker.start_turn("one")))
+    client = factory.last
+    recording = ledger.gates["begin_request"] = asyncio.Event()
+    entered = ledger.entered["begin_request"] = asyncio.Event()
+    accepting = asyncio.create_task(worker.start_turn("two", str(uuid.uuid4())))
+    await within(entered.wait())
+    await within(worker.hibernate())  # the idle timer fires now
+    assert client.alive
+    recording.set()
+    await collect(await within(accepting))
+    assert factory.clients == [client] and client.prompts == ["one", "two"]
+
+
+async def test_a_session_needing_a_live_slot_hibernates_an_idle_one(make_worker: MakeWorker) -> None:
+    slots = LiveSlots(1)
+    idle, idle_factory = await make_worker(live=slots)
+    busy, _ = await make_worker(live=slots)
+    await collect(await within(idle.start_turn("one")))
+    events = await collect(await within(busy.start_turn("two")))
+    assert isinstance(events[-1], ResultEvent)
+    assert idle_factory.last.closed and idle.state == State.HIBERNATED
+    assert busy.state == State.IDLE
+
+
+async def test_a_session_running_a_turn_keeps_its_live_slot(make_worker: MakeWorker) -> None:
+    slots = LiveSlots(1)
+    gate = asyncio.Event()
+    running, running_factory = await make_worker(live=slots, factory=setup(turn_gate=gate))
+    other, _ = await make_worker(live=slots)
+    turn = await sent(running.start_turn("long job"))
+    with pytest.raises(LiveSessionsExhausted):
+        await collect(await within(other.start_turn("two")))
+    assert running_factory.last.alive and not turn.done
+    gate.set()
+    await collect(turn)
+
+
+async def test_a_session_holding_its_lock_for_a_rewind_keeps_its_live_slot(make_worker: MakeWorker) -> None:
+    """Refused at once: the prompt needing the slot does not wait for the rewind."""
+    slots = LiveSlots(1)
+    rewinding, factory = await make_worker(live=slots)
+    other, _ = await make_worker(live=slots)
+    async with rewinding.exclusive():
+        await rewinding.ensure_client()
+        with pytest.raises(LiveSessionsExhausted):
+            await collect(await within(other.start_turn("two")))
+        assert factory.last.alive
+
+
+async def test_an_idle_timeout_of_zero_never_hibernates(make_worker: MakeWorker) -> None:
+    worker, factory = await make_worker(idle_timeout=0.0)
+    await collect(await within(worker.start_turn("hi")))
+    await asyncio.sleep(0.05)  # nothing to await for what must not happen
+    assert factory.last.alive and worker.state == State.IDLE
+
+
+async def test_shutdown_lets_a_rewind_in_progress_finish_before_ending_the_process(
+    make_worker: MakeWorker,
+) -> None:
+    worker, factory = await make_worker()
+    await collect(await within(worker.start_turn("one")))
+    client = factory.last
+    release, holding = asyncio.Event(), asyncio.Event()
+
+    async def rewind() -> bool:
+        async with worker.exclusive():
+            holding.set()
+            await release.wait()
+            return client.alive
+
+    rewinding = asyncio.create_task(rewind())
+    await within(holding.wait())
+    stopping = asyncio.create_task(worker.shutdown(0))
+    with pytest.raises(TimeoutError):  # nothing to await for what must not happen
+        await factory.until(lambda: client.closed, 0.1)
+    release.set()
+    assert await within(rewinding), "the process lived until the rewind ended"
+    await within(stopping)
+    assert client.closed
+
+
+# Workspace snapshots
+
+
+@pytest.fixture
+async def snapshots(tmp_path: Path, ledger: FlakyLedger) -> AsyncIterator[Snapshots]:
+    found = Snapshots(tmp_path / "snapshots", ledger, Limits())
+    yield found
+    found.close()
+
+
+async def _snapshotted_session(ledger: FlakyLedger, tmp_path: Path, on: bool = True) -> str:
+    sid = str(uuid.uuid4())
+    cwd = tmp_path / "workspaces" / sid
+    cwd.mkdir(parents=True)
+    (cwd / "notes.txt").write_text("hello")
+    await ledger.add_session(NewSession(sid, str(cwd), {}, True, workspace_snapshots=on))
+    return sid
+
+
+async def test_without_snapshots_on_the_server_a_session_has_none(make_worker: MakeWorker) -> None:
+    worker, _ = await make_worker()
+    await collect(await within(worker.start_turn("hi")))
+    assert await worker.snapshot_bytes() == 0
+    assert await worker.snapshot_availability() == {}
+
+
+async def test_a_turn_of_a_session_with_snapshots_is_snapshotted(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path, snapshots: Snapshots
+) -> None:
+    sid = await _snapshotted_session(ledger, tmp_path)
+    worker, _ = await make_worker(session_id=sid, snapshots=snapshots)
+    turn = await within(worker.start_turn("hi"))
+    await collect(turn)
+    assert await worker.snapshot_availability() == {turn.prompt_id: True}
+    assert await worker.snapshot_bytes() > 0
+    assert [r.kind for r in await ledger.snapshots(sid)] == ["turn_start", "turn_end"]
+
+
+async def test_a_session_with_snapshots_off_is_not_snapshotted_on_a_server_with_them(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path, snapshots: Snapshots
+) -> None:
+    sid = await _snapshotted_session(ledger, tmp_path, on=False)
+    worker, _ = await make_worker(session_id=sid, snapshots=snapshots)
+    await collect(await within(worker.start_turn("hi")))
+    assert await worker.snapshot_availability() == {}
+    assert await ledger.snapshots(sid) == []
+
+
+async def test_snapshot_retention_keeps_the_newest_turns_snapshots(
+    make_worker: MakeWorker, ledger: FlakyLedger, tmp_path: Path, snapshots: Snapshots
+) -> None:
+    sid = await _snapshotted_session(ledger, tmp_path)
+    worker, _ = await make_worker(session_id=sid, snapshots=snapshots, snapshot_retention=1)
+    first = await within(worker.start_turn("one"))
+    await collect(first)
+    second = await within(worker.start_turn("two"))
+    await collect(second)
+    available = await worker.snapshot_availability()
+    assert available.get(second.prompt_id) is True
+    assert available.get(first.prompt_id) is not True
+
+
+async def test_a_turn_answered_with_a_result_alone_still_opens_with_its_prompt(
+    make_worker: MakeWorker,
+) -> None:
+    """A command the CLI answers without an echo: its prompt is announced (once the transcript
+    holds it) before the result."""
+    worker, _ = await make_worker(factory=setup(only_result=True, transcript_delay=0.1))
+    turn = await within(worker.start_turn("/cost"))
+    events = await collect(turn)
+    assert kinds(events) == ["PromptEvent", "ResultEvent"]
+    assert events[0] == PromptEvent(turn.prompt_id, "/cost")
