@@ -15,10 +15,11 @@ $(RUNTIME): pyproject.toml requirements/runtime.txt
 $(STAMP): pyproject.toml requirements/dev.txt
 	@PYTHON=$(PYTHON) sh scripts/install.sh dev
 
-lock:  ## the locked dependency sets (requirements/*.txt, with hashes) from pyproject.toml, newest allowed
+UPGRADE ?= --upgrade
+lock:  ## the locked dependency sets (requirements/*.txt, with hashes) from pyproject.toml, newest allowed (UPGRADE="--upgrade-package NAME": that one only)
 	@test -x .tools/piptools/bin/pip-compile || { $(PYTHON) -m venv .tools/piptools && .tools/piptools/bin/pip install --quiet pip-tools==7.6.2; }
-	.tools/piptools/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --upgrade --extra postgres -o requirements/runtime.txt pyproject.toml
-	.tools/piptools/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links --upgrade --extra postgres --extra dev -o requirements/dev.txt pyproject.toml
+	.tools/piptools/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links $(UPGRADE) --extra postgres -o requirements/runtime.txt pyproject.toml
+	.tools/piptools/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links $(UPGRADE) --extra postgres --extra dev -o requirements/dev.txt pyproject.toml
 
 system:  ## the host's programs: bubblewrap and socat (the sandbox), git (snapshots)
 	@sh scripts/ensure_system.sh

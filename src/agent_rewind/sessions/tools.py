@@ -35,7 +35,8 @@ class Kind(Enum):
     REFUSED = "refused"
 
 
-# What Claude Code CLI 2.1.327 can offer (SDK-FACTS.md), and a few older names.
+# What Claude Code CLI 2.1.327 can offer (SDK-FACTS.md; 2.1.332 offers no other), and a few older
+# names.
 CATALOGUE: Mapping[str, Kind] = {
     "Read": Kind.FILE,
     "Write": Kind.FILE,
