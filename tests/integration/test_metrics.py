@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
+from agent_rewind.testing.processes import cli_pids
 from tests.integration.harness import FILES, error_info, prompt_id, serve
 
 
@@ -45,11 +48,18 @@ async def test_a_scrape_shows_what_the_service_did(tmp_path: Path) -> None:
         assert (await watch.read()).HasField("event")
         with pytest.raises(grpc.aio.AioRpcError):
             await c.rewind(sid, ids[0], FILES, expected_last_message_id="msg_not_the_last")
-        # A turn that does not stop in time when interrupted: its process is killed.
+        # A turn that does not stop in time when interrupted: its process is killed. The CLI is
+        # stopped first (CLI 2.1.332 may honour an interrupt within the 50 ms given it).
         turn = asyncio.create_task(c.prompt(sid, "sleep 30"))
         await c.wait_for_state(sid, 2)
-        await c.sessions.Interrupt(session_service_pb2.InterruptRequest(session_id=sid))
-        await turn
+        [pid] = cli_pids(sid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await c.sessions.Interrupt(session_service_pb2.InterruptRequest(session_id=sid))
+            await turn
+        finally:
+            if pid in cli_pids(sid):
+                os.kill(pid, signal.SIGKILL)
         # A process that cannot start: its workspace was removed behind the service's back.
         other = await c.create()
         await c.sessions.CloseSession(session_service_pb2.CloseSessionRequest(session_id=other.session_id))
