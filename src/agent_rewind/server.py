@@ -425,32 +425,18 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
     config.state_dir.mkdir(parents=True, exist_ok=True)
     lock = _hold_state_dir(config)
     try:
-        return await _start_locked(
-            config, client_factory, authenticator, credentials, replica_credentials, backend, lock
-        )
+        # What is made is closed again, latest first, if the start fails before it serves: an
+        # embedding process, or a retry, is left with no thread, connection or port of it.
+        async with contextlib.AsyncExitStack() as made:
+            running = await _make(
+                made, config, client_factory, authenticator, credentials, replica_credentials, backend, lock
+            )
+            running.state_lock = lock
+            made.pop_all()
     except BaseException:
         if lock is not None:
             os.close(lock)
         raise
-
-
-async def _start_locked(
-    config: Config,
-    client_factory: ClientFactory | None,
-    authenticator: Authenticator,
-    credentials: grpc.ServerCredentials | None,
-    replica_credentials: grpc.ChannelCredentials | None,
-    backend: str,
-    lock: int | None,
-) -> RunningServer:
-    # What is made is closed again, latest first, if the start fails before it serves: an
-    # embedding process, or a retry, is left with no thread, connection or port of it.
-    async with contextlib.AsyncExitStack() as made:
-        running = await _make(
-            made, config, client_factory, authenticator, credentials, replica_credentials, backend, lock
-        )
-        running.state_lock = lock
-        made.pop_all()
     log.info(
         "serving",
         address=running.address,
