@@ -18,7 +18,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from agent_rewind import logs, metrics
+from agent_rewind import logs, metrics, tasks
 from agent_rewind.access import AccessFile, AccessFileError
 from agent_rewind.api.v1 import (
     rewind_service_pb2,
@@ -59,6 +59,8 @@ log = structlog.get_logger(__name__)
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"]
 REWIND_SERVICE = rewind_service_pb2.DESCRIPTOR.services_by_name["RewindService"]
 SERVICE_NAMES = (SESSION_SERVICE.full_name, REWIND_SERVICE.full_name)
+# How long a stop waits for detached work (a rewind, undo, fork or deletion) after the server stops.
+DETACHED_GRACE = 10.0
 
 
 def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, str]:
@@ -198,6 +200,11 @@ class RunningServer:
         await self.hub.close()
         await self.registry.shutdown(grace)
         await self.server.stop(grace=1.0)
+        # A rewind, undo, fork or deletion whose caller hung up still runs to its end, before the
+        # ledger it writes to closes (what is left then is recovered from its intent at the next start).
+        left = await tasks.drain(DETACHED_GRACE)
+        if left:
+            log.warning("detached work still running at shutdown", tasks=sorted(t.get_name() for t in left))
         for chore in self._chores:
             chore.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)

@@ -11,7 +11,6 @@ in a task of its own, so a caller that hangs up does not cut it short.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import faults, metrics
+from agent_rewind import faults, metrics, tasks
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -139,8 +138,7 @@ class RewindEngine:
                     return RewindOutcome.from_json(again.result)
                 return await self._undo.apply(worker, req)
 
-        task = asyncio.create_task(run(), name=f"undo-{worker.session_id}")
-        return await asyncio.shield(task)
+        return await tasks.shielded(run(), name=f"undo-{worker.session_id}")
 
     async def _capture_before(self, worker: SessionWorker, plan: _Plan) -> dict[str, Any] | None:
         """What an undo of this rewind needs of the files: the paths it changes, as they are."""
@@ -296,8 +294,7 @@ class RewindEngine:
         if previous is not None and previous.state == "applied":
             assert previous.result is not None
             return RewindOutcome.from_json(previous.result)
-        task = asyncio.create_task(self._rewind_exclusive(worker, req), name=f"rewind-{worker.session_id}")
-        return await asyncio.shield(task)
+        return await tasks.shielded(self._rewind_exclusive(worker, req), name=f"rewind-{worker.session_id}")
 
     async def rewind_before_prompt(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """PromptRequest.rewind: applies the rewind from the turn's own task, under the session

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import faults, logs
+from agent_rewind import faults, logs, tasks
 from agent_rewind.access import Principal
 from agent_rewind.config import Config
 from agent_rewind.errors import (
@@ -361,8 +361,7 @@ class SessionRegistry:
         source's just before `message_id` (empty: as they are now). The source's lock is held
         meanwhile, so no turn changes it while it is copied; it is otherwise untouched. The work
         runs in a task of its own: a caller that hangs up midway leaves a whole fork, not half."""
-        task = asyncio.create_task(self._fork(source, message_id, req), name=f"fork-{source.session_id}")
-        return await asyncio.shield(task)
+        return await tasks.shielded(self._fork(source, message_id, req), name=f"fork-{source.session_id}")
 
     async def _fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         snapshots = self._ctx.snapshots
@@ -475,7 +474,7 @@ class SessionRegistry:
                         await self._erase_files(session_id, tombstone.erasure)
                     return
             worker = self.get(session_id, principal)
-            task = asyncio.create_task(
+            task = tasks.detach(
                 self._delete(worker, request, delete_workspace, principal_name), name=f"delete-{session_id}"
             )
             self._deletions[session_id] = task

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import faults
+from agent_rewind import faults, tasks
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -331,9 +331,8 @@ class SessionWorker:
         if not self.record.closed and not self._shutting_down:
             self._in_background(self._prewarm(), f"prewarm-{self.session_id}")
 
-    def _in_background(self, work: Awaitable[None], name: str) -> None:
-        task = asyncio.ensure_future(work)
-        task.set_name(name)
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = tasks.detach(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
