@@ -240,7 +240,18 @@ async def test_without_checkpointing_files_are_refused_and_both_leaves_the_conve
         assert [p.message_id for p in (await c.points(sid)).points] == ids
         assert await c.recall(sid) == [P0, P1, "recall"]
         # The conversation half alone still works.
-        assert (await c.rewind(sid, ids[1], CONVERSATION)).conversation.rewound
+        rewound = await c.rewind(sid, ids[1], CONVERSATION)
+        assert rewound.conversation.rewound
+        undone = await c.rewinds.UndoRewind(
+            rewind_service_pb2.UndoRewindRequest(session_id=sid, rewind_id=rewound.rewind_id)
+        )
+        assert undone.conversation.rewound
+        # Nothing of the workspace was ever kept, for the rewind nor its undo: no snapshot
+        # repository (where a session that takes snapshots has one).
+        tracked = await c.create()
+        await c.prompt(tracked.session_id, P0)
+        assert (tmp_path / "snapshots" / f"{tracked.session_id}.git").is_dir()
+        assert not (tmp_path / "snapshots" / f"{sid}.git").exists()
 
 
 async def test_many_rewinds_back_and_forth_stay_consistent(tmp_path: Path) -> None:
