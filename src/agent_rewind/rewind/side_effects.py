@@ -1,0 +1,98 @@
+"""Side effects: what the turns a rewind drops did outside everything a rewind restores.
+
+A rewind puts back the workspace's files and the conversation. It cannot call back an e-mail an
+MCP tool sent, a page a web fetch read (and whatever the server behind it did on that request), or
+a request a command made to a host the sandbox lets it reach. Before a client applies a rewind it
+should be able to say so (API.md, "Rewind breadth": `RewindResult.side_effects`), so DryRun and
+Rewind list them, one per tool call (or per host a turn's commands reached), oldest first.
+
+What counts is decided by the tool catalogue (`sessions/tools.py`), failing closed: network tools,
+MCP tools, and any tool the catalogue does not know are side effects; file tools (restored by the
+rewind), commands (their network reach is reported by the egress proxy, not guessed from their
+text), subagents (their own calls are listed) and inert tools are not.
+
+A summary is short and never holds a credential or a value the caller passed a tool: a URL
+without its user, query or fragment; a search's query cut short; for an MCP tool, the names of
+its arguments only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from agent_rewind.sessions.tools import CATALOGUE, MCP_PREFIX, Kind
+
+SUMMARY_CHARS = 120
+_QUERY_CHARS = 80
+_ARGUMENTS = 8  # an MCP call's argument names listed at most
+
+
+@dataclass(frozen=True, slots=True)
+class SideEffect:
+    """One thing a dropped turn did that no rewind undoes."""
+
+    message_id: str  # the prompt that opened the turn (its rewind point id)
+    tool: str  # the tool's name as the model called it; "Bash" for a command's network reach
+    summary: str
+
+
+def of_tool_call(message_id: str, tool: str, tool_input: Any) -> SideEffect | None:
+    """The side effect of one tool call, or None when a rewind restores (or it never had) one."""
+    fields: Mapping[str, Any] = tool_input if isinstance(tool_input, Mapping) else {}
+    if tool.startswith(MCP_PREFIX):
+        server, _, name = tool[len(MCP_PREFIX) :].partition("__")
+        names = [str(key) for key in fields][:_ARGUMENTS]
+        more = ", …" if len(fields) > _ARGUMENTS else ""
+        summary = f"called {name or tool} on MCP server {server or '?'} ({', '.join(names)}{more})"
+    elif tool == "WebFetch":
+        summary = f"fetched {_url(fields.get('url'))}"
+    elif tool == "WebSearch":
+        summary = f"searched the web for {_quoted(fields.get('query'))}"
+    elif tool not in CATALOGUE:
+        summary = f"called {tool}, a tool this service does not know"
+    elif CATALOGUE[tool] is Kind.NETWORK:
+        summary = f"reached the network ({tool})"
+    else:
+        return None
+    return SideEffect(message_id, tool, _cut(summary))
+
+
+def of_egress(message_id: str, host: str, port: int, connections: int) -> SideEffect:
+    """A host the turn's commands reached through the sandbox's egress proxy."""
+    times = "once" if connections == 1 else f"{connections} times"
+    target = f"[{host}]" if ":" in host else host
+    return SideEffect(message_id, "Bash", _cut(f"a command reached {target}:{port} ({times})"))
+
+
+def _url(value: Any) -> str:
+    """scheme://host[:port]/path of a URL: its user, password, query and fragment left out."""
+    if not isinstance(value, str) or not value:
+        return "a URL"
+    try:
+        parts = urlsplit(value.strip())
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "a URL"
+    if not parts.scheme or not host:
+        return "a URL"
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _quoted(value: Any) -> str:
+    text = " ".join(value.split()) if isinstance(value, str) else ""
+    if not text:
+        return "something"
+    if len(text) > _QUERY_CHARS:
+        text = text[: _QUERY_CHARS - 1] + "…"
+    return f"“{text}”"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
