@@ -382,12 +382,27 @@ def format_rewind_result(
             f" · messages dropped: {conv.messages_dropped}"
         )
 
+    lines.extend(_side_effect_lines(result.side_effects, pad))
+
     rewind_id = result.rewind_id or ("- (dry run: nothing was applied)" if dry_run else "-")
     lines.append(f"{'rewind_id':<17}{rewind_id}")
     lines.append(f"{'last_message_id':<17}{result.last_message_id or '-'}")
     # Last, so that the summary stays together however long the diffs are.
     lines.extend(_diff_lines(files, pad))
     return "\n".join(lines)
+
+
+def _side_effect_lines(effects: Sequence[rewind_pb2.SideEffect], pad: str) -> list[str]:
+    """What the dropped turns did that no rewind undoes: a count, then one line each."""
+    if not effects:
+        return []
+    noun = "call" if len(effects) == 1 else "calls"
+    lines = [f"{'side effects':<17}{len(effects)} {noun} no rewind undoes"]
+    lines.extend(
+        f"{pad}  {one_line(e.tool, 60)}: {one_line(e.summary, 160)} (turn {e.message_id or '-'})"
+        for e in effects
+    )
+    return lines
 
 
 # --- rewind events -------------------------------------------------------------------------------

@@ -371,6 +371,30 @@ def test_applied_conversation_rewind() -> None:
     ]
 
 
+def test_side_effects_come_after_the_halves_one_line_each() -> None:
+    result = rewind_pb2.RewindResult(
+        conversation=rewind_pb2.ConversationRewindResult(can_rewind=True, messages_dropped=4, requested=True),
+        side_effects=[
+            rewind_pb2.SideEffect(
+                message_id="p1", tool="mcp__mail__send", summary="called send on MCP server mail (to)"
+            ),
+            rewind_pb2.SideEffect(
+                message_id="p2", tool="Bash", summary="a command reached pypi.org:443\n(once)"
+            ),
+        ],
+        last_message_id="a0",
+    )
+    assert format_rewind_result(result, rewind_pb2.REWIND_MODE_CONVERSATION, dry_run=True).splitlines() == [
+        "files            not requested",
+        "conversation     can_rewind: yes · rewound: no · messages dropped: 4",
+        "side effects     2 calls no rewind undoes",
+        "                   mcp__mail__send: called send on MCP server mail (to) (turn p1)",
+        "                   Bash: a command reached pypi.org:443 ⏎ (once) (turn p2)",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  a0",
+    ]
+
+
 def test_unspecified_mode_shows_the_files_half() -> None:
     text = format_rewind_result(rewind_pb2.RewindResult(), rewind_pb2.REWIND_MODE_UNSPECIFIED, dry_run=False)
     assert text.splitlines()[:2] == [
