@@ -39,6 +39,7 @@ class _Step:
     text: list[str] = field(default_factory=list)
     tool: tuple[str, dict[str, Any]] | None = None
     sleep: float = 0.0
+    input_tokens: int = 10
 
 
 def _unescape(text: str) -> str:
@@ -163,6 +164,13 @@ def _plan(prompt: str, cwd: str | None, tools: set[str]) -> list[_Step]:
                 current.sleep += float(rest)
             except ValueError:
                 current.text.append(f"(bad sleep: {rest!r})")
+        elif verb == "context":
+            # The context this response reports having read: near the CLI's window, the CLI
+            # compacts the conversation by itself before its next request.
+            try:
+                current.input_tokens = max(1, int(rest))
+            except ValueError:
+                current.text.append(f"(bad context: {rest!r})")
     if not current.text:
         # A final answer without text makes the CLI inject a synthetic "no visible output" prompt.
         current.text.append("Done." if steps else _NOTHING_TO_DO)
@@ -177,6 +185,7 @@ class Reply:
     blocks: list[dict[str, Any]]
     stop_reason: str
     sleep: float = 0.0
+    input_tokens: int = 10
     message_id: str = field(default_factory=lambda: f"msg_scripted_{uuid.uuid4().hex}")
 
 
@@ -221,12 +230,12 @@ def answer(request: dict[str, Any]) -> Reply:
         blocks.append(
             {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": name, "input": args}
         )
-        return Reply(blocks, "tool_use", step.sleep)
-    return Reply(blocks, "end_turn", step.sleep)
+        return Reply(blocks, "tool_use", step.sleep, step.input_tokens)
+    return Reply(blocks, "end_turn", step.sleep, step.input_tokens)
 
 
 def _sse_events(reply: Reply, model: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    usage = {"input_tokens": 10, "output_tokens": 1}
+    usage = {"input_tokens": reply.input_tokens, "output_tokens": 1}
     yield (
         "message_start",
         {
@@ -331,7 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "content": reply.blocks,
                     "stop_reason": reply.stop_reason,
                     "stop_sequence": None,
-                    "usage": {"input_tokens": 10, "output_tokens": 10},
+                    "usage": {"input_tokens": reply.input_tokens, "output_tokens": 10},
                 },
             )
             return

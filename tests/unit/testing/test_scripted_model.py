@@ -306,6 +306,14 @@ def test_a_bad_sleep_is_reported_not_slept() -> None:
     assert "(bad sleep: 'soon')" in text_of(reply)
 
 
+def test_context_sets_the_input_tokens_a_response_reports() -> None:
+    replies = run_turn("context 1000000\nwrite a.txt x\nsay done")
+    assert [r.input_tokens for r in replies] == [1000000, 10]
+    reply = answer(turn("context lots"))
+    assert reply.input_tokens == 10
+    assert "(bad context: 'lots')" in text_of(reply)
+
+
 def test_ids_look_like_the_apis() -> None:
     first, second = answer(turn("read a.txt")), answer(turn("read a.txt"))
 
@@ -342,6 +350,15 @@ def parse_sse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
         fields = dict(line.split(": ", 1) for line in chunk.splitlines())
         events.append((fields["event"], json.loads(fields["data"])))
     return events
+
+
+def test_a_stream_reports_the_context_a_script_asks_for(model: ScriptedModel) -> None:
+    for script, tokens in (("say small", 10), ("context 250000\nsay big", 250000)):
+        status, _, raw = post(f"{model.base_url}/v1/messages", turn(script, stream=True))
+        assert status == 200
+        assert parse_sse(raw)[0][1]["message"]["usage"]["input_tokens"] == tokens
+        status, _, raw = post(f"{model.base_url}/v1/messages", turn(script))
+        assert json.loads(raw)["usage"]["input_tokens"] == tokens
 
 
 def test_streaming_answers_in_the_messages_api_event_order(model: ScriptedModel) -> None:
