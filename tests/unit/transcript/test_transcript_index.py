@@ -13,7 +13,7 @@ from unittest import mock
 
 import pytest
 
-import agent_rewind.transcript.index as transcript_module
+import agent_rewind.transcript.view as transcript_module
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
 from agent_rewind.transcript import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, TranscriptIndex
 
