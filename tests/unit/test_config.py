@@ -196,6 +196,7 @@ def test_the_parse_of_add_arguments_with_from_arguments_gives_the_same(
 
 def test_every_flag_sets_a_config_field_and_shows_its_default() -> None:
     fields = {f.name for f in dataclasses.fields(Config)}
+    assert serve_config.SERVE_FLAGS
     for flag in serve_config.SERVE_FLAGS:
         assert flag.config_field in fields
         assert flag.env_var.startswith("AGENT_REWIND_")

@@ -543,6 +543,7 @@ def test_every_container_has_resources_and_a_locked_down_security_context(render
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     claims = {t["metadata"]["name"] for t in rendering.workload["spec"].get("volumeClaimTemplates", [])}
     claims |= {name for name, volume in volumes.items() if "persistentVolumeClaim" in volume}
+    assert rendering.containers
     for container in rendering.containers:
         security = {**pod_security, **container.get("securityContext", {})}
         assert security["runAsNonRoot"] is True
@@ -593,6 +594,7 @@ def test_the_flags_and_variables_are_real_serve_flags(rendering: Rendering) -> N
     by_variable = {flag.env_var: flag for flag in SERVE_FLAGS}
     pending = PENDING_VARIABLES.get(rendering.name, {})
     argv = rendering.argv
+    assert rendering.env
     for name, entry in rendering.env.items():
         if name in SECRET_VARIABLES:
             assert "secretKeyRef" in entry.get("valueFrom", {}), f"{name} must come from a Secret"
@@ -769,7 +771,9 @@ def test_the_shared_overlay_runs_every_replica_on_one_volume_with_shared_storage
 
 def test_the_readme_describes_every_file_of_deploy() -> None:
     readme = (DEPLOY / "README.md").read_text()
-    for path in sorted(DEPLOY.rglob("*.yaml")):
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert files
+    for path in files:
         assert str(path.relative_to(DEPLOY)) in readme, f"deploy/README.md does not mention {path}"
     assert "kubectl apply -k deploy/base" in readme
 
@@ -916,6 +920,7 @@ def test_a_lock_pins_every_dependency_within_its_range(lock: str, extras: tuple[
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"]) + [d for e in extras for d in project["optional-dependencies"][e]]
     pins = _locked(lock)
+    assert wanted and pins
     for text in wanted:
         requirement = Requirement(text)
         name = requirement.name.lower().replace("_", "-")

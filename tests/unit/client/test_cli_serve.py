@@ -178,6 +178,7 @@ def test_serve_help_shows_each_flags_variable_and_default(
 
 def test_serve_help_covers_every_declared_flag(capsys: pytest.CaptureFixture[str]) -> None:
     entries = help_entries(serve_help(capsys))
+    assert serve_config.SERVE_FLAGS
     assert list(entries) == [flag.name for flag in serve_config.SERVE_FLAGS]
     for flag in serve_config.SERVE_FLAGS:
         assert f"(env {flag.env_var}" in entries[flag.name]

@@ -94,6 +94,7 @@ def test_the_cli_has_a_file_checkpoint_for_each_point_and_for_no_other_message(
     points = {p.message_id for p in view.points}
     on_chain = {u: can for u, can in answers["can_rewind"].items() if view.contains(u)}
 
+    assert points
     assert len(on_chain) > len(points)  # tool results and synthetic messages were asked too
     assert {u for u, can in on_chain.items() if can} == points
     assert all(p.has_checkpoint for p in view.points)

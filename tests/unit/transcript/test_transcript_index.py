@@ -13,7 +13,7 @@ from unittest import mock
 
 import pytest
 
-import agent_rewind.transcript.index as transcript_module
+import agent_rewind.transcript.view as transcript_module
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
 from agent_rewind.transcript import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, TranscriptIndex
 
@@ -72,6 +72,7 @@ def test_the_first_prompt_has_no_resume_anchor_and_the_others_resume_at_their_pa
     first, *rest = view.points
 
     assert first.resume_at_message_id == ""
+    assert rest, "the fixture has more than one prompt"
     for point in rest:
         anchor = rec.index.get(point.resume_at_message_id)
         assert anchor is not None and view.contains(anchor.uuid)
@@ -85,7 +86,9 @@ def test_the_first_prompt_has_no_resume_anchor_and_the_others_resume_at_their_pa
 def test_resume_at_is_the_anchor_the_cli_accepted_for_the_rewind(recorded: Make, name: str) -> None:
     # The recorder resumed at each of these anchors and the CLI went on from there; in `compact`
     # the anchor is an attachment entry, not a message.
-    for rewind in recorded(name).expected["rewinds"]:
+    rewinds = recorded(name).expected["rewinds"]
+    assert rewinds, f"{name} records no rewind"
+    for rewind in rewinds:
         rec = recorded(name, size=rewind["size_before"])
 
         assert rec.index.view().resolve(rewind["to"]).resume_at_message_id == rewind["anchor"]
@@ -125,6 +128,7 @@ def test_last_message_and_messages_dropped_agree_with_the_sdk(recorded: Make, na
     sdk = [m["uuid"] for m in rec.expected["sdk_messages"]]
 
     assert view.last_message_id == sdk[-1]
+    assert view.points, f"{name} has no rewind points"
     for point in view.points:
         assert view.messages_from(point) == len(sdk) - sdk.index(point.message_id)
 
@@ -156,6 +160,7 @@ def test_a_prompt_uuid_resolves_to_its_point(recorded: Make) -> None:
     rec = recorded("tools")
     view = rec.index.view()
 
+    assert view.points
     for i, point in enumerate(view.points):
         assert view.resolve(point.message_id) == point == view.points[i]
 
@@ -164,6 +169,7 @@ def test_an_assistant_uuid_is_not_a_rewind_point(recorded: Make) -> None:
     rec = recorded("tools")
     view = rec.index.view()
 
+    assert any(turn["assistant_uuids"] for turn in rec.turns)
     for turn in rec.turns:
         for message_id in turn["assistant_uuids"]:
             with pytest.raises(NotARewindPoint) as refused:
@@ -211,6 +217,7 @@ def test_checkpoints_never_claim_more_than_a_freshly_resumed_cli_has(recorded: M
     points = recorded("window", size=fresh["size"]).index.view().points
     cli = fresh["can_rewind"]
 
+    assert any(p.has_checkpoint for p in points)
     assert all(cli[p.message_id] for p in points if p.has_checkpoint)
     # A fresh process loads only the chain's checkpoints: the 50 prompts the rewind dropped no
     # longer take places in its window, so it can rewind files to all 65 prompts, the first 15

@@ -1,0 +1,230 @@
+"""`agent-rewind prompt`, `rewind`, `undo` and `points`: run a turn, and move a session's history.
+
+These are the commands that take a rewind mode and a conflict policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
+from agent_rewind.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_RPC_ERROR,
+    PROG,
+    add_command,
+    add_paging,
+    print_line,
+)
+from agent_rewind.client import (
+    MODES,
+    Client,
+    UsageError,
+    follow_turn,
+    format_points,
+    format_rewind_result,
+    parse_mode,
+    read_prompt_text,
+    to_json,
+)
+
+
+def _mode_arg(text: str) -> rewind_pb2.RewindMode.ValueType:
+    try:
+        return parse_mode(text)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+# `rewind --conflicts`: what a files rewind does with a path also changed outside the agent.
+CONFLICT_POLICIES: dict[str, rewind_pb2.ConflictPolicy.ValueType] = {
+    "refuse": rewind_pb2.CONFLICT_POLICY_REFUSE,
+    "skip": rewind_pb2.CONFLICT_POLICY_SKIP,
+    "overwrite": rewind_pb2.CONFLICT_POLICY_OVERWRITE,
+}
+
+
+def _conflicts_arg(text: str) -> rewind_pb2.ConflictPolicy.ValueType:
+    try:
+        return CONFLICT_POLICIES[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"not a conflict policy: {text!r} (choose from {', '.join(CONFLICT_POLICIES)})"
+        ) from None
+
+
+def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    text = read_prompt_text(args.text)
+    rewind = None
+    if args.rewind_to:
+        rewind = session_service_pb2.PromptRewind(
+            message_id=args.rewind_to, mode=args.mode, conflict_policy=args.conflicts
+        )
+        if args.expect_last is not None:
+            rewind.expected_last_message_id = args.expect_last
+    elif args.mode is not None or args.expect_last is not None:
+        raise UsageError("--mode and --expect-last go with --rewind-to")
+    stream = client.prompt(args.session_id, text, request_id=args.request_id or "", rewind=rewind)
+    try:
+        outcome = follow_turn(stream, out, json_lines=args.json)
+    except KeyboardInterrupt:
+        stream.cancel()
+        sys.stderr.write(
+            "stopped listening; the turn runs on to its end on the server "
+            f"(`{PROG} session interrupt {args.session_id}` stops it)\n"
+        )
+        return EXIT_INTERRUPTED
+    if outcome.result is None:
+        sys.stderr.write("error: the turn's stream ended without a result\n")
+        return EXIT_RPC_ERROR
+    return EXIT_RPC_ERROR if outcome.result.is_error else 0
+
+
+def _undo(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    result = client.undo(
+        args.session_id,
+        args.rewind_id,
+        validate_only=args.dry_run,
+        request_id=args.request_id or "",
+        conflict_policy=args.conflicts,
+    )
+    if args.json:
+        print_line(out, to_json(result))
+        return 0
+    files, conversation = result.files.requested, result.conversation.requested
+    mode = (
+        rewind_pb2.REWIND_MODE_BOTH
+        if files and conversation
+        else rewind_pb2.REWIND_MODE_CONVERSATION
+        if conversation
+        else rewind_pb2.REWIND_MODE_FILES
+    )
+    text = format_rewind_result(result, mode, dry_run=args.dry_run)
+    print_line(out, text.replace("rewind_id        ", "undid            ", 1) if not args.dry_run else text)
+    return 0
+
+
+def _points(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    if args.all:
+        response = client.list_all_points(args.session_id, page_size=args.page_size)
+    else:
+        response = client.list_points(args.session_id, page_size=args.page_size, page_token=args.page_token)
+    if args.json:
+        print_line(out, to_json(response))
+        return 0
+    print_line(out, format_points(response.points, response.last_message_id))
+    if response.next_page_token:
+        print_line(out, f"more: --page-token {response.next_page_token} (or --all)")
+    return 0
+
+
+def _rewind(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    if args.diff and not args.dry_run:
+        raise UsageError("--diff needs --dry-run: only a preview shows what a rewind would change")
+    result = client.rewind(
+        args.session_id,
+        args.message_id,
+        args.mode,
+        dry_run=args.dry_run,
+        expected_last_message_id=args.expect_last,
+        request_id=args.request_id or "",
+        conflict_policy=args.conflicts,
+        include_diff=args.diff,
+    )
+    print_line(
+        out, to_json(result) if args.json else format_rewind_result(result, args.mode, dry_run=args.dry_run)
+    )
+    return 0
+
+
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`prompt`, `undo`, `points` and `rewind`."""
+    prompt = add_command(
+        commands, "prompt", _prompt, "run one turn and print its messages as they arrive", common
+    )
+    prompt.add_argument("session_id", metavar="SESSION")
+    prompt.add_argument("text", metavar="TEXT", help="the prompt, or - to read it from stdin")
+    prompt.add_argument(
+        "--request-id",
+        metavar="UUID",
+        help="a retry with the same id re-attaches to the turn it started instead of running another",
+    )
+    prompt.add_argument(
+        "--rewind-to",
+        metavar="MESSAGE_ID",
+        help="rewind to this point first, in the same step (edit a prompt): nothing can slip in between",
+    )
+    prompt.add_argument(
+        "--mode",
+        type=_mode_arg,
+        default=None,
+        metavar="|".join(MODES),
+        help="with --rewind-to: what to restore",
+    )
+    prompt.add_argument(
+        "--conflicts",
+        type=_conflicts_arg,
+        default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        metavar="|".join(CONFLICT_POLICIES),
+        help="with --rewind-to: what to do with a path also changed outside the agent",
+    )
+    prompt.add_argument(
+        "--expect-last",
+        metavar="ID",
+        default=None,
+        help="with --rewind-to: refuse unless this is the newest message",
+    )
+
+    undo = add_command(
+        commands,
+        "undo",
+        _undo,
+        "undo the session's latest rewind (files and conversation back as they were), while no turn ran after it",
+        common,
+    )
+    undo.add_argument("session_id", metavar="SESSION")
+    undo.add_argument("rewind_id", metavar="REWIND_ID", help="the rewind to undo: the session's latest")
+    undo.add_argument("--dry-run", action="store_true", help="preview: apply nothing (validate_only)")
+    undo.add_argument(
+        "--conflicts",
+        type=_conflicts_arg,
+        default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        metavar="|".join(CONFLICT_POLICIES),
+        help="what to do with a file changed since the rewind: refuse (the default), skip, overwrite",
+    )
+    undo.add_argument("--request-id", metavar="UUID", help="a retry with the same id applies nothing again")
+
+    points = add_command(commands, "points", _points, "list a session's rewind points, oldest first", common)
+    points.add_argument("session_id", metavar="SESSION")
+    add_paging(points)
+
+    rewind = add_command(commands, "rewind", _rewind, "rewind a session to a prompt (or preview it)", common)
+    rewind.add_argument("session_id", metavar="SESSION")
+    rewind.add_argument(
+        "message_id", metavar="MESSAGE_ID", help="a rewind point's message_id (or a msg_... id)"
+    )
+    rewind.add_argument(
+        "--mode", type=_mode_arg, required=True, metavar="|".join(MODES), help="what to restore"
+    )
+    rewind.add_argument("--dry-run", action="store_true", help="preview: apply nothing")
+    rewind.add_argument(
+        "--diff",
+        action="store_true",
+        help="with --dry-run: also print each path's change and its unified diff",
+    )
+    rewind.add_argument(
+        "--conflicts",
+        type=_conflicts_arg,
+        default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
+        metavar="|".join(CONFLICT_POLICIES),
+        help="what to do with a path also changed outside the agent: refuse the files half "
+        "(the default), skip the path, or overwrite the outside change",
+    )
+    rewind.add_argument(
+        "--expect-last", metavar="ID", default=None, help="refuse unless this is still the newest message"
+    )
+    rewind.add_argument("--request-id", metavar="UUID", help="a retry with the same id applies nothing again")

@@ -1,0 +1,200 @@
+"""A conversation as a view shows it: the chain of entries from a root to one leaf, its rewind
+points, and the lookups a rewind makes (resolve a message id, count what it drops, the files the
+CLI's history knows held before a point).
+
+Views share their chains (`Chain`) when the chains share a prefix, so a page of points,
+`contains`, `resolve` and `messages_from` cost O(1) or O(page) however long the session is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, overload
+
+from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
+from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, parse_timestamp
+from agent_rewind.transcript.records import Entry, Records
+
+if TYPE_CHECKING:
+    from agent_rewind.transcript.index import TranscriptIndex
+
+_UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_MAX_AGENT_NESTING = 16
+
+
+class Chain:
+    """The entries of one chain by depth, and its prompts in order.
+
+    Append-only and shared: a view reads only its first n entries, so a longer chain with the
+    same prefix can grow the same lists instead of copying them.
+    """
+
+    __slots__ = ("entries", "prompts")
+
+    def __init__(self, entries: list[Entry], prompts: list[Entry]) -> None:
+        self.entries = entries
+        self.prompts = prompts
+
+
+class _Points(Sequence[RewindPoint]):
+    """A view's rewind points, made on access so a page costs O(page size)."""
+
+    __slots__ = ("_n", "_prompts", "_snapshots")
+
+    def __init__(self, prompts: list[Entry], n: int, snapshots: Mapping[str, int]) -> None:
+        self._prompts = prompts
+        self._n = n
+        self._snapshots = snapshots
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> RewindPoint: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RewindPoint]: ...
+    def __getitem__(self, index: int | slice) -> RewindPoint | list[RewindPoint]:
+        if isinstance(index, slice):
+            return [self._point(self._prompts[i]) for i in range(*index.indices(self._n))]
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError(index)
+        return self._point(self._prompts[index])
+
+    def __iter__(self) -> Iterator[RewindPoint]:
+        for i in range(self._n):
+            yield self._point(self._prompts[i])
+
+    def _point(self, entry: Entry) -> RewindPoint:
+        # Read the snapshot count now, not when the view was made: the CLI writes a prompt's
+        # snapshot lazily (seen at the next prompt or at exit), after its turn's entries.
+        count = len(self._snapshots)
+        position = self._snapshots.get(entry.uuid)
+        if position is None:
+            # Not written yet: the live process holds it for the newest prompt.
+            has_checkpoint = entry.prompts == self._n
+        else:
+            has_checkpoint = position >= count - FILE_CHECKPOINT_WINDOW
+        return RewindPoint(
+            message_id=entry.uuid,
+            resume_at_message_id=entry.parent_uuid if entry.depth else "",
+            text=entry.text,
+            index=entry.prompts - 1,
+            create_time=parse_timestamp(entry.timestamp),
+            has_checkpoint=has_checkpoint,
+            checkpoint_pending=position is None,
+        )
+
+
+class ConversationView:
+    """The visible conversation ending at one leaf, at one moment of the transcript.
+
+    `has_checkpoint` is conservative: the CLI keeps the file checkpoints of the 100 most recent
+    prompts it has seen, and a process that resumed before a conversation rewind still holds the
+    dropped prompts' checkpoints, which take places in that window. Counting every prompt
+    snapshot in the file (dropped branches included) is exactly right for such a process, and
+    never claims a checkpoint a freshly resumed process (which loads only the chain's) lacks.
+    """
+
+    __slots__ = ("_chain", "_index", "_leaf", "_n", "_store", "points")
+
+    def __init__(
+        self,
+        index: TranscriptIndex,
+        store: Records,
+        chain: Chain,
+        n: int,
+        leaf: Entry | None,
+        snapshot_count: int,
+    ) -> None:
+        self._index = index
+        self._store = store
+        self._chain = chain
+        self._n = n
+        self._leaf = leaf
+        n_prompts = leaf.prompts if leaf is not None else 0
+        self.points: Sequence[RewindPoint] = _Points(chain.prompts, n_prompts, store.snapshots)
+
+    @property
+    def leaf(self) -> str | None:
+        return self._leaf.uuid if self._leaf is not None else None
+
+    def offsets(self) -> list[int]:
+        """Where the visible chain's lines are in the transcript, root first (to copy it)."""
+        return [entry.offset for entry in self._chain.entries[: self._n]]
+
+    @property
+    def last_message_id(self) -> str:
+        """The newest visible user or assistant message, "" if none."""
+        return self._leaf.last_message if self._leaf is not None else ""
+
+    def contains(self, uuid: str) -> bool:
+        entry = self._store.entries.get(uuid)
+        return entry is not None and self._on_chain(entry)
+
+    def _on_chain(self, entry: Entry) -> bool:
+        return entry.depth < self._n and self._chain.entries[entry.depth] is entry
+
+    def resolve(self, message_id: str) -> RewindPoint:
+        """The point a client's message id names: a prompt's uuid, or the msg_ id of a reply in its turn."""
+        if not message_id:
+            raise InvalidArgument("message_id", "must not be empty")
+        is_api_id = message_id.startswith("msg_")
+        if not is_api_id and not _UUID_RE.fullmatch(message_id):
+            raise InvalidArgument(
+                "message_id", "must be a prompt's transcript UUID or an assistant message id (msg_...)"
+            )
+        entry = self._store.entries.get(message_id)
+        if entry is None and is_api_id:
+            owner = self._store.api_ids.get(message_id)
+            entry = self._store.entries.get(owner) if owner else None
+        if entry is not None and entry.kind is not EntryKind.SUBAGENT:
+            if not self._on_chain(entry):
+                raise MessageNotFound(message_id)
+            if is_api_id and entry.prompts:
+                return self.points[entry.prompts - 1]  # the turn this reply belongs to
+            if entry.kind is EntryKind.PROMPT:
+                return self.points[entry.prompts - 1]
+            raise NotARewindPoint(message_id, entry.kind.value)
+        agent = self._index.subagent_of(message_id, entry)
+        if agent is not None and self._agent_visible(agent):
+            raise NotARewindPoint(message_id, EntryKind.SUBAGENT.value)
+        raise MessageNotFound(message_id)
+
+    def _agent_visible(self, agent: str) -> bool:
+        """Whether the subagent was started from this conversation (not from a dropped turn)."""
+        for _ in range(_MAX_AGENT_NESTING):
+            owner, parent_agent = self._index.spawn_call(agent)
+            if owner is not None:
+                return self.contains(owner)
+            if parent_agent is None:
+                return True  # started from somewhere we cannot see: say what it is
+            agent = parent_agent
+        return True
+
+    def files_before(self, point: RewindPoint) -> dict[str, str | None]:
+        """What each file the CLI's file history knows held just before `point` was sent, for the
+        files it first recorded after that (on any branch): a backup's name, or None when the file
+        did not exist. Files its snapshot at the point tracked are the CLI's own to restore."""
+        entry = self._store.entries.get(point.message_id)
+        start = parse_timestamp(entry.timestamp) if entry is not None else None
+        if start is None:
+            return {}
+        tracked = self._store.tracked.get(point.message_id, {})
+        later = [
+            (when, b) for b in self._store.backups if (when := parse_timestamp(b.time)) and when >= start
+        ]
+        before: dict[str, str | None] = {}
+        for _, backup in sorted(later, key=lambda item: item[0]):
+            if backup.path not in tracked and backup.path not in before:
+                before[backup.path] = backup.name
+        return before
+
+    def messages_from(self, point: RewindPoint) -> int:
+        """How many visible messages a conversation rewind to `point` drops (the point included)."""
+        entry = self._store.entries.get(point.message_id)
+        if entry is None or self._leaf is None or not self._on_chain(entry):
+            raise MessageNotFound(point.message_id)
+        return self._leaf.messages - entry.messages + entry.is_message
