@@ -1,12 +1,13 @@
 """Planning and applying rewinds, with the rules of API.md.
 
-Both halves are validated before anything is applied; files go first (rewind_files is a call on
-the live client the conversation half replaces); a refused half refuses the whole rewind. The
-ledger records the intent before anything is applied, and that record is the commit point: from
-then on the rewind is finished, never left half done, by the call, or before anything else happens
-on the session, or at the next start (`resolve_pending`). The cut and the rewind's event are
-stored in the same transaction that marks it applied, before the RPC returns. The apply phase runs
-in a task of its own, so a caller that hangs up does not cut it short.
+Both halves are validated before anything is applied (the plan: what the rewind will do); files
+go first (rewind_files is a call on the live client the conversation half replaces); a refused
+half refuses the whole rewind. The ledger records the intent (rewind/intent.py) before anything is
+applied, and that record is the commit point: from then on the rewind is finished, never left half
+done, by the call, or before anything else happens on the session, or at the next start
+(`resolve_pending`). The cut and the rewind's event are stored in the same transaction that marks
+it applied, before the RPC returns. The apply phase runs in a task of its own, so a caller that
+hangs up does not cut it short.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from agent_rewind.errors import (
     WorkspaceOutsideRoot,
 )
 from agent_rewind.rewind import checkpoints, workspace
+from agent_rewind.rewind.intent import Applied, FilesBefore, Intent, SnapshotRestore
 from agent_rewind.rewind.outcome import (
     ConversationHalf,
     FilesHalf,
@@ -62,6 +64,7 @@ from agent_rewind.store.ledger import (
     RewindRecord,
 )
 from agent_rewind.transcript.entries import RewindPoint
+from agent_rewind.transcript.index import ConversationView
 
 log = structlog.get_logger(__name__)
 
@@ -86,13 +89,15 @@ class RewindRequest:
 
 @dataclass(frozen=True)
 class _Plan:
+    """What a rewind will do: the point, both halves, and what it was planned against."""
+
     point: RewindPoint
     files: FilesHalf
     conversation: ConversationHalf
-    turns_dropped: int
     last_message_id: str
-    # A files half served by snapshots: its plan, and the workspace as it was planned against.
-    snapshot: workspace.SnapshotPlan | None = None
+    # A files half served by snapshots: what it restores, and the workspace as it was planned
+    # against.
+    restore: workspace.Restore | None = None
     now: Snapshot | None = None
     # The leaf of the conversation before the rewind (what an undo brings back).
     leaf: str | None = None
@@ -140,13 +145,13 @@ class RewindEngine:
 
         return await tasks.shielded(run(), name=f"undo-{worker.session_id}")
 
-    async def _capture_before(self, worker: SessionWorker, plan: _Plan) -> dict[str, Any] | None:
+    async def _capture_before(self, worker: SessionWorker, plan: _Plan) -> FilesBefore | None:
         """What an undo of this rewind needs of the files: the paths it changes, as they are."""
         snaps = self._snapshots
         if snaps is None or not plan.files.can_rewind:
             return None
-        if plan.snapshot is not None:
-            return {"before": plan.snapshot.now, "paths": list(plan.snapshot.paths)}
+        if plan.restore is not None:
+            return FilesBefore(plan.restore.now, plan.restore.paths)
         paths = capture_paths(worker.record.cwd, plan.files.files_changed)
         if paths is None:
             return None  # a path outside the workspace: that rewind cannot be undone
@@ -156,25 +161,26 @@ class RewindEngine:
         except Exception as err:  # the rewind goes on; it just cannot be undone
             log.error("could not keep the files a rewind changes", error=str(err))
             return None
-        return {"before": before, "paths": paths}
+        return FilesBefore(before, tuple(paths))
 
-    async def _capture_after(self, worker: SessionWorker, plan: dict[str, Any]) -> dict[str, Any] | None:
-        undo = plan.get("undo")
+    async def _capture_after(self, worker: SessionWorker, intent: Intent) -> str | None:
+        """The same files as the rewind left them (for an undo of it), if they were kept before."""
+        kept = intent.files_before
         snaps = self._snapshots
-        if not undo or snaps is None:
+        if kept is None or snaps is None:
             return None
-        if plan.get("snapshot"):
-            return {"after": plan["snapshot"]["start"]}
+        if intent.snapshot is not None:
+            return intent.snapshot.start
         store = snaps.store(worker.session_id, worker.record.cwd)
         try:
-            return {"after": await snaps.run(lambda: store.capture(undo["paths"]))}
+            return await snaps.run(lambda: store.capture(kept.paths))
         except Exception as err:
             log.error("could not keep the files a rewind left", error=str(err))
             return None
 
     async def _from_snapshots(
         self, worker: SessionWorker, point: RewindPoint, req: RewindRequest
-    ) -> tuple[FilesHalf, workspace.SnapshotPlan | None, Snapshot] | None:
+    ) -> tuple[FilesHalf, workspace.Restore | None, Snapshot] | None:
         """The files half served by workspace snapshots; None when no snapshot was taken at the
         point (the CLI's checkpoints serve it then)."""
         snaps = self._snapshots
@@ -189,8 +195,8 @@ class RewindEngine:
         store = snaps.store(sid, cwd)
         later = list(records[first:])
         try:
-            plan = await snaps.run(
-                lambda: workspace.plan(
+            restore = await snaps.run(
+                lambda: workspace.restore_for(
                     store, point.message_id, later, now, req.conflict_policy, include_diff=req.include_diff
                 )
             )
@@ -200,17 +206,17 @@ class RewindEngine:
             return FilesHalf(True, refusal=refuse(err), source="snapshot"), None, now
         half = FilesHalf(
             True,
-            plan.refusal is None,
-            tuple(str(Path(cwd) / path) for path in plan.changed),
-            plan.insertions,
-            plan.deletions,
-            refusal=refuse(plan.refusal) if plan.refusal is not None else None,
+            restore.refusal is None,
+            tuple(str(Path(cwd) / path) for path in restore.changed),
+            restore.insertions,
+            restore.deletions,
+            refusal=refuse(restore.refusal) if restore.refusal is not None else None,
             source="snapshot",
-            conflicts=plan.conflicts,
-            diffs=plan.diffs,
-            diffs_truncated=plan.diffs_truncated,
+            conflicts=restore.conflicts,
+            diffs=restore.diffs,
+            diffs_truncated=restore.diffs_truncated,
         )
-        return half, plan, now
+        return half, restore, now
 
     async def _plan(self, worker: SessionWorker, req: RewindRequest) -> _Plan:
         view = await worker.view()
@@ -219,7 +225,7 @@ class RewindEngine:
             raise RewindConflict(req.expected_last_message_id, view.last_message_id)
         point = view.resolve(req.message_id)
         files = FilesHalf()
-        snapshot: workspace.SnapshotPlan | None = None
+        restore: workspace.Restore | None = None
         now: Snapshot | None = None
         intact = not req.mode.files or workspaces.intact(worker.record.cwd)
         served = await self._from_snapshots(worker, point, req) if req.mode.files and intact else None
@@ -230,7 +236,7 @@ class RewindEngine:
             why = f"the workspace {cwd!r} is no longer a directory of its own: it, or a directory on the way, is a link"
             files = FilesHalf(True, refusal=refuse(WorkspaceOutsideRoot(cwd, [], why)))
         elif served is not None:
-            files, snapshot, now = served
+            files, restore, now = served
         elif req.mode.files:
             if not worker.record.checkpointing:
                 files = FilesHalf(True, refusal=refuse(CheckpointingDisabled(worker.session_id)))
@@ -262,7 +268,7 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        return _Plan(point, files, conversation, 0, view.last_message_id, snapshot, now, view.leaf)
+        return _Plan(point, files, conversation, view.last_message_id, restore, now, view.leaf)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
@@ -337,10 +343,10 @@ class RewindEngine:
                 raise RefusedHalf(half.refusal)
         faults.point("rewind.planned")
         rewind_id = str(uuid.uuid4())
-        if plan.snapshot is not None and plan.now is not None and self._snapshots is not None:
+        if plan.restore is not None and plan.now is not None and self._snapshots is not None:
             # The workspace as the rewind found it: the rollback, and an interval boundary.
             await self._snapshots.record(worker.session_id, REWIND_BEFORE, rewind_id, plan.now)
-        undo = await self._capture_before(worker, plan) if req.mode.files else None
+        before = await self._capture_before(worker, plan) if req.mode.files else None
         anchor = None
         if req.mode.conversation:
             anchor = Anchor(
@@ -351,25 +357,26 @@ class RewindEngine:
                 drops_turn=None,
                 rewind_id=rewind_id,
             )
+        restore = plan.restore
+        snapshot = SnapshotRestore(restore.start, restore.now, restore.paths) if restore is not None else None
+        intent = Intent(
+            target=plan.point.message_id,
+            restores_files=req.mode.files,
+            outcome=RewindOutcome(rewind_id, plan.files, plan.conversation, ""),
+            anchor=anchor,
+            snapshot=snapshot,
+            files_before=before,
+            planned_leaf=plan.leaf,
+            planned_last_message_id=plan.last_message_id,
+            planned_transcript_size=worker.transcript_size(),
+        )
         await self._ledger.begin_rewind(
             NewRewind(
                 rewind_id=rewind_id,
                 session_id=worker.session_id,
                 message_id=req.message_id,
                 mode=req.mode.value,
-                plan={
-                    "target": plan.point.message_id,
-                    "files": req.mode.files,
-                    "snapshot": plan.snapshot.to_json() if plan.snapshot is not None else None,
-                    "undo": undo,
-                    "planned_leaf": plan.leaf,
-                    "anchor": asdict(anchor) if anchor else None,
-                    "outcome": RewindOutcome(rewind_id, plan.files, plan.conversation, "").to_json(),
-                    # What the rewind was planned against: it never cuts a conversation that
-                    # has moved on since.
-                    "planned_last_message_id": plan.last_message_id,
-                    "planned_transcript_size": worker.transcript_size(),
-                },
+                plan=intent.to_json(),
                 principal=req.principal,
                 request=self._request(req),
             )
@@ -382,12 +389,11 @@ class RewindEngine:
         assert record is not None
         return await self._finish(worker, record)
 
-    async def _restore_files(self, worker: SessionWorker, record: RewindRecord) -> FilesAnswer:
+    async def _restore_files(self, worker: SessionWorker, record: RewindRecord, target: str) -> FilesAnswer:
         """Restores the files of a recorded intent. A process that fails mid-request leaves the
         outcome unknown: restoring is idempotent, so it is asked again in a new process. When that
         fails too, the intent stays pending and is resolved before anything else happens on the
         session."""
-        target = record.plan["target"]
         try:
             answer = await worker.rewind_files(target, dry_run=False)
         except AgentUnavailable as err:
@@ -403,7 +409,9 @@ class RewindEngine:
             raise FileCheckpointUnavailable(target, answer.error or "the CLI cannot rewind files")
         return answer
 
-    async def _restore_snapshot(self, worker: SessionWorker, record: RewindRecord) -> None:
+    async def _restore_snapshot(
+        self, worker: SessionWorker, record: RewindRecord, restore: SnapshotRestore
+    ) -> None:
         """Restores the planned paths from the point's snapshot, all or nothing, then snapshots
         the result (the end of the service's interval). Idempotent: recovery runs it again."""
         snaps = self._snapshots
@@ -411,11 +419,10 @@ class RewindEngine:
             raise StorageUnavailable(
                 "workspace snapshots are off on this server; the rewind cannot be finished"
             )
-        plan = record.plan["snapshot"]
         sid, cwd = worker.session_id, worker.record.cwd
         store = snaps.store(sid, cwd)
         try:
-            await snaps.run(lambda: store.restore(plan["start"], plan["paths"], rollback=plan["now"]))
+            await snaps.run(lambda: store.restore(restore.start, restore.paths, rollback=restore.now))
         except RestoreError as err:
             if err.rolled_back:  # every path written was put back: nothing was applied
                 await self._ledger.abandon_rewind(record.rewind_id)
@@ -431,7 +438,7 @@ class RewindEngine:
         # The workspace after: what it was before with the restored paths as at the point,
         # computed from the trees (a restore under the lock changes nothing else).
         try:
-            after = await snaps.run(lambda: store.overlay(plan["now"], plan["start"], plan["paths"]))
+            after = await snaps.run(lambda: store.overlay(restore.now, restore.start, restore.paths))
             await snaps.record(sid, REWIND_AFTER, record.rewind_id, Snapshot(after, True))
         except Exception as err:  # then take it the slow way, scanning the workspace
             log.error("could not record the workspace after a rewind", error=str(err))
@@ -439,26 +446,25 @@ class RewindEngine:
 
     async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded intent: files, then the conversation cut. Under the session's lock."""
-        plan = record.plan
-        outcome = RewindOutcome.from_json(plan["outcome"])
-        files = outcome.files
-        anchor = Anchor(**{**plan["anchor"], "drops_turn": None}) if plan["anchor"] else None
+        intent = Intent.of(record)
+        files = intent.outcome.files
+        anchor = replace(intent.anchor, drops_turn=None) if intent.anchor is not None else None
         view = await worker.view()  # also catches up with the transcript, after a restart
-        current = anchor is None or self._still_current(view, plan, anchor)
+        current = anchor is None or self._still_current(view, intent, anchor)
         if not current and not record.files_applied:
             # Nothing applied yet, and the cut would drop turns nobody asked to drop: drop it all.
             await self._ledger.abandon_rewind(record.rewind_id)
             log.error("dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id)
             raise _MovedOn("the rewind could not be finished; the conversation has changed since")
-        if plan["files"] and not record.files_applied and plan.get("snapshot"):
-            await self._restore_snapshot(worker, record)
+        if intent.restores_files and not record.files_applied and intent.snapshot is not None:
+            await self._restore_snapshot(worker, record, intent.snapshot)
             faults.point("rewind.files_restored")
             if anchor is not None:
                 await self._ledger.mark_files_applied(record.rewind_id)
                 faults.point("rewind.files_recorded")
-        elif plan["files"] and not record.files_applied:
-            answer = await self._restore_files(worker, record)
-            point = view.resolve(record.plan["target"])
+        elif intent.restores_files and not record.files_applied:
+            answer = await self._restore_files(worker, record, intent.target)
+            point = view.resolve(intent.target)
             checkpoints.apply(checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history))
             faults.point("rewind.files_restored")
             if anchor is not None:
@@ -468,7 +474,7 @@ class RewindEngine:
                 await self._ledger.mark_files_applied(record.rewind_id)
                 faults.point("rewind.files_recorded")
             files = replace(files, skipped_links=answer.skipped_links)
-        conversation = outcome.conversation
+        conversation = intent.outcome.conversation
         last = view.last_message_id
         if anchor is not None and current:
             conversation = ConversationHalf(True, True, True, conversation.messages_dropped)
@@ -488,11 +494,10 @@ class RewindEngine:
             session_id=worker.session_id,
             rewind_id=record.rewind_id,
             principal=record.principal,
-            data=event_data(plan["target"], record.mode, final, owner=worker.record.principal),
+            data=event_data(intent.target, record.mode, final, owner=worker.record.principal),
         )
-        result = final.to_json()
-        if files.can_rewind and (kept := await self._capture_after(worker, plan)) is not None:
-            result["undo"] = kept
+        after = await self._capture_after(worker, intent) if files.can_rewind else None
+        result = Applied(final, files_after=after).to_json()
         committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event)
         if self._publish is not None:
             self._publish(committed)
@@ -510,8 +515,8 @@ class RewindEngine:
         return final
 
     @staticmethod
-    def _still_current(view: Any, plan: dict[str, Any], anchor: Anchor) -> bool:
-        planned = plan.get("planned_last_message_id")
+    def _still_current(view: ConversationView, intent: Intent, anchor: Anchor) -> bool:
+        planned = intent.planned_last_message_id
         if planned is not None:
             return bool(view.last_message_id == planned)
         # An intent recorded by an older version: the anchor and the target are still visible.

@@ -2,11 +2,11 @@
 
 Only the session's latest rewind can be undone, and only while no turn ran after it (its
 `last_message_id` is still the session's). What the undo needs was captured when the rewind was
-planned: the files it would change, as they were then (`plan["undo"]["before"]`, a tree of the
+planned: the files it would change, as they were then (its intent's `files_before`, a tree of the
 snapshot store; a rewind served by workspace snapshots has the whole workspace there anyway), and
-the leaf of the conversation it cut (`plan["planned_leaf"]`). When the rewind completed, the same
-files as it left them were captured too (`result["undo"]["after"]`): a path that differs from
-that now was changed since, by someone else, and `conflict_policy` decides about it.
+the leaf of the conversation it cut (`planned_leaf`). When the rewind completed, the same files as
+it left them were captured too (`Applied.files_after`): a path that differs from that now was
+changed since, by someone else, and `conflict_policy` decides about it.
 
 An undo is recorded like a rewind (an intent of kind "undo" first, finished by recovery if the
 server dies midway), idempotent by request id, and emits an UNDONE event naming the rewind it
@@ -28,6 +28,7 @@ import structlog
 from agent_rewind import faults
 from agent_rewind.errors import ExternalChanges, FilesUnavailable, StorageUnavailable, UndoUnavailable
 from agent_rewind.rewind import workspace
+from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data, recorded
 from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
@@ -78,6 +79,15 @@ def capture_paths(cwd: str, files_changed: tuple[str, ...]) -> list[str] | None:
     return sorted(set(out))
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What an undo will do: the rewind it undoes, the files it puts back, the leaf it restores."""
+
+    target: RewindRecord
+    files: UndoFiles | None
+    leaf: str | None
+
+
 class Undo:
     """Plans and applies undos; the rewind engine hands it requests and pending undo intents."""
 
@@ -97,42 +107,42 @@ class Undo:
             raise UndoUnavailable(req.rewind_id, "the session has no such applied rewind")
         latest = applied[-1]
         if latest is not target:
-            if latest.kind == "undo" and latest.plan.get("undoes") == target.rewind_id:
+            if latest.kind == "undo" and UndoIntent.of(latest).undoes == target.rewind_id:
                 raise UndoUnavailable(req.rewind_id, "it was undone already (an undo cannot be undone)")
             raise UndoUnavailable(req.rewind_id, "it is not the session's latest rewind")
         if target.kind != "rewind":
             raise UndoUnavailable(req.rewind_id, "an undo cannot be undone")
         assert target.result is not None
         view = await worker.view()
-        if view.last_message_id != target.result.get("last_message_id"):
+        if view.last_message_id != Applied.from_json(target.result).outcome.last_message_id:
             raise UndoUnavailable(req.rewind_id, "a turn ran after it")
         return target
 
-    async def plan(self, worker: SessionWorker, req: UndoRequest) -> tuple[RewindRecord, dict[str, Any]]:
+    async def _plan(self, worker: SessionWorker, req: UndoRequest) -> _Plan:
         """What undoing the request's rewind does; raises UNDO_UNAVAILABLE or EXTERNAL_CHANGES."""
         target = await self._target(worker, req)
         assert target.result is not None
-        done = RewindOutcome.from_json(target.result)
-        plan: dict[str, Any] = {"undoes": target.rewind_id, "files": None, "leaf": None}
+        applied = Applied.from_json(target.result)
+        intent = Intent.of(target)
+        done = applied.outcome
+        files = None
         if done.files.requested and done.files.can_rewind:
-            plan["files"] = await self._files(worker, req, target, done)
+            files = await self._files(worker, req, intent, applied)
+        leaf = None
         if done.conversation.rewound:
-            leaf = target.plan.get("planned_leaf")
+            leaf = intent.planned_leaf
             if not leaf:
                 raise UndoUnavailable(req.rewind_id, "it was made by an older version, which kept no leaf")
-            plan["leaf"] = leaf
-        return target, plan
+        return _Plan(target, files, leaf)
 
     async def _files(
-        self, worker: SessionWorker, req: UndoRequest, target: RewindRecord, done: RewindOutcome
-    ) -> dict[str, Any]:
-        assert target.result is not None
+        self, worker: SessionWorker, req: UndoRequest, intent: Intent, applied: Applied
+    ) -> UndoFiles:
         snaps = self._snapshots
-        before = (target.plan.get("undo") or {}).get("before")
-        after = (target.result.get("undo") or {}).get("after")
-        paths = (target.plan.get("undo") or {}).get("paths")
-        if snaps is None or not before or not after or paths is None:
+        kept, after = intent.files_before, applied.files_after
+        if snaps is None or kept is None or not kept.tree or not after:
             raise UndoUnavailable(req.rewind_id, "what its files were before it was not captured")
+        before, paths = kept.tree, kept.paths
         store = snaps.store(worker.session_id, worker.record.cwd)
 
         def compare() -> tuple[str, list[str], list[str], int, int]:
@@ -149,41 +159,41 @@ class Undo:
         now, since, changed, insertions, deletions = await snaps.run(compare)
         if since and req.conflict_policy == workspace.REFUSE:
             raise ExternalChanges(since)
-        return {
-            "before": before,
-            "now": now,
-            "paths": changed,
-            "insertions": insertions,
-            "deletions": deletions,
-            "conflicts": [[p, workspace.RESOLUTIONS[req.conflict_policy]] for p in since],
-            "source": done.files.source,
-        }
+        return UndoFiles(
+            before=before,
+            now=now,
+            paths=tuple(changed),
+            insertions=insertions,
+            deletions=deletions,
+            conflicts=tuple((p, workspace.RESOLUTIONS[req.conflict_policy]) for p in since),
+            source=applied.outcome.files.source,
+        )
 
-    def outcome(self, worker: SessionWorker, target: RewindRecord, plan: dict[str, Any]) -> RewindOutcome:
+    def _outcome(self, worker: SessionWorker, plan: _Plan) -> RewindOutcome:
         """The result an undo reports: the rewind it undid, what it put back."""
         files: FilesHalf = FilesHalf()
-        if plan["files"] is not None:
-            f = plan["files"]
+        if (f := plan.files) is not None:
             files = FilesHalf(
                 True,
                 True,
-                tuple(str(Path(worker.record.cwd) / p) for p in f["paths"]),
-                f["insertions"],
-                f["deletions"],
-                source=f["source"],
-                conflicts=tuple((str(p), str(how)) for p, how in f["conflicts"]),
+                tuple(str(Path(worker.record.cwd) / p) for p in f.paths),
+                f.insertions,
+                f.deletions,
+                source=f.source,
+                conflicts=f.conflicts,
             )
         conversation: ConversationHalf = ConversationHalf()
-        last = worker.view_at(plan["leaf"]).last_message_id if plan["leaf"] else ""
-        if plan["leaf"]:
+        last = worker.view_at(plan.leaf).last_message_id if plan.leaf else ""
+        if plan.leaf:
             conversation = ConversationHalf(True, True, False, 0)
-        return RewindOutcome(target.rewind_id, files, conversation, last)
+        return RewindOutcome(plan.target.rewind_id, files, conversation, last)
 
     async def apply(self, worker: SessionWorker, req: UndoRequest) -> RewindOutcome:
         """Under the session's lock, pending intents resolved."""
-        target, plan = await self.plan(worker, req)
-        outcome = self.outcome(worker, target, plan)
-        if plan["leaf"] and not req.validate_only:
+        plan = await self._plan(worker, req)
+        target, files = plan.target, plan.files
+        outcome = self._outcome(worker, plan)
+        if plan.leaf and not req.validate_only:
             outcome = replace(outcome, conversation=replace(outcome.conversation, rewound=True))
         if not outcome.last_message_id:
             outcome = replace(outcome, last_message_id=(await worker.view()).last_message_id)
@@ -191,24 +201,20 @@ class Undo:
             return outcome
         undo_id = str(uuid.uuid4())
         snaps = self._snapshots
-        if (
-            plan["files"] is not None
-            and plan["files"]["paths"]
-            and worker.record.workspace_snapshots
-            and snaps
-        ):
+        if files is not None and files.paths and worker.record.workspace_snapshots and snaps:
             # The session's snapshot history must show the undo's change as the service's, not as
             # an outside edit: the workspace before it, recorded like a rewind's.
             whole = await snaps.take(worker.session_id, worker.record.cwd)
             await snaps.record(worker.session_id, REWIND_BEFORE, undo_id, whole)
-            plan["files"]["whole"] = whole.tree if whole.complete else None
+            files = replace(files, whole=whole.tree if whole.complete else None)
+        intent = UndoIntent(undoes=target.rewind_id, files=files, leaf=plan.leaf, outcome=outcome)
         await self._ledger.begin_rewind(
             NewRewind(
                 rewind_id=undo_id,
                 session_id=worker.session_id,
                 message_id=target.message_id,
                 mode=target.mode,
-                plan={**plan, "outcome": outcome.to_json()},
+                plan=intent.to_json(),
                 principal=req.principal,
                 request=req.request(),
                 kind="undo",
@@ -219,27 +225,27 @@ class Undo:
         assert record is not None
         return await self.finish(worker, record)
 
-    async def _record_after(self, worker: SessionWorker, undo_id: str, files: dict[str, Any]) -> None:
+    async def _record_after(self, worker: SessionWorker, undo_id: str, files: UndoFiles) -> None:
         """The workspace after the undo, for a session with snapshots: the whole tree before it
         with the restored paths as they were (no scan), or a new snapshot if that is unknown."""
         snaps = self._snapshots
         if snaps is None or not worker.record.workspace_snapshots:
             return
         sid, cwd = worker.session_id, worker.record.cwd
-        whole = files.get("whole")
+        whole = files.whole
         if whole:
             store = snaps.store(sid, cwd)
-            after = await snaps.run(lambda: store.overlay(whole, files["before"], files["paths"]))
+            after = await snaps.run(lambda: store.overlay(whole, files.before, files.paths))
             await snaps.record(sid, REWIND_AFTER, undo_id, Snapshot(after, True))
         else:
             await snaps.take_and_record(sid, cwd, REWIND_AFTER, undo_id)
 
     async def finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
-        plan = record.plan
-        outcome = RewindOutcome.from_json(plan["outcome"])
-        files = plan["files"]
-        if files is not None and files["paths"] and not record.files_applied:
+        intent = UndoIntent.of(record)
+        outcome = intent.outcome
+        files = intent.files
+        if files is not None and files.paths and not record.files_applied:
             snaps = self._snapshots
             if snaps is None:
                 raise StorageUnavailable(
@@ -247,7 +253,7 @@ class Undo:
                 )
             store = snaps.store(worker.session_id, worker.record.cwd)
             try:
-                await snaps.run(lambda: store.restore(files["before"], files["paths"], rollback=files["now"]))
+                await snaps.run(lambda: store.restore(files.before, files.paths, rollback=files.now))
             except RestoreError as err:
                 if err.rolled_back:
                     await self._ledger.abandon_rewind(record.rewind_id)
@@ -260,13 +266,13 @@ class Undo:
                 ) from err
             await self._record_after(worker, record.rewind_id, files)
             faults.point("undo.files_restored")
-            if plan["leaf"]:
+            if intent.leaf:
                 await self._ledger.mark_files_applied(record.rewind_id)
         anchor = None
-        if plan["leaf"]:
+        if intent.leaf:
             anchor = Anchor(
                 session_id=worker.session_id,
-                anchor_uuid=plan["leaf"],
+                anchor_uuid=intent.leaf,
                 target_message_id="",
                 transcript_size=worker.transcript_size(),
                 drops_turn=None,
@@ -275,7 +281,7 @@ class Undo:
         event = NewEvent(
             kind="UNDONE",
             session_id=worker.session_id,
-            rewind_id=plan["undoes"],
+            rewind_id=intent.undoes,
             principal=record.principal,
             data=event_data(record.message_id, record.mode, outcome, owner=worker.record.principal),
         )
@@ -289,6 +295,6 @@ class Undo:
             # The live process still has the cut: a new one resumes at the old leaf.
             worker.conversation_restored()
         log.info(
-            "rewind undone", undo_id=record.rewind_id, rewind_id=plan["undoes"], session_id=worker.session_id
+            "rewind undone", undo_id=record.rewind_id, rewind_id=intent.undoes, session_id=worker.session_id
         )
         return outcome

@@ -41,7 +41,9 @@ _OURS = (TURN_START, REWIND_BEFORE)
 
 
 @dataclass(frozen=True)
-class SnapshotPlan:
+class Restore:
+    """What a files rewind served by the snapshots restores, and what it finds changed by others."""
+
     start: str  # the tree at P's turn start: what is restored
     now: str  # the workspace when the rewind was planned: the rollback
     paths: tuple[str, ...]  # relative paths to make equal to `start` (after the policy) ...
@@ -52,9 +54,6 @@ class SnapshotPlan:
     diffs: tuple[dict[str, Any], ...] = ()
     diffs_truncated: bool = False
     refusal: ExternalChanges | None = field(default=None, compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "now": self.now, "paths": list(self.paths)}
 
 
 def start_of(records: list[SnapshotRecord], message_id: str) -> int | None:
@@ -87,7 +86,7 @@ def check_complete(message_id: str, records: list[SnapshotRecord], now: Snapshot
         raise SnapshotUnavailable(message_id, "incomplete", f"the workspace now: {now.reason}")
 
 
-def plan(
+def restore_for(
     store: SnapshotStore,
     message_id: str,
     records: list[SnapshotRecord],
@@ -95,9 +94,10 @@ def plan(
     policy: str,
     *,
     include_diff: bool = False,
-) -> SnapshotPlan:
-    """Plans a files rewind to the first record's point (blocking: run it in the snapshot threads).
-    `records`: the session's snapshots from P's turn start on. Raises SnapshotUnavailable."""
+) -> Restore:
+    """What a files rewind to the first record's point restores (blocking: run it in the snapshot
+    threads). `records`: the session's snapshots from P's turn start on. Raises
+    SnapshotUnavailable."""
     check_complete(message_id, records, now)
     assert now.tree is not None
     trees = [r.tree for r in records] + [now.tree]
@@ -134,7 +134,7 @@ def plan(
                     "truncated": diff.truncated,
                 }
             )
-    return SnapshotPlan(
+    return Restore(
         start=start,
         now=now.tree,
         paths=changed,
