@@ -1352,7 +1352,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A long session's first read must not stall every other session on the loop."""
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _factory = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -1375,7 +1375,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
 async def test_a_small_transcript_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _factory = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -1616,7 +1616,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What decides is the unread part, not the file's size."""
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _ = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -1633,7 +1633,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
 async def test_an_unread_part_of_exactly_the_inline_bound_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _ = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
