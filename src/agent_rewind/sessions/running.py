@@ -200,7 +200,9 @@ class TurnRunner:
             cancelled = False
             bookkeeping: AgentRewindError | None = None
             try:
-                bookkeeping = await asyncio.shield(self._record(turn, error))
+                bookkeeping = await tasks.shielded(
+                    self._record(turn, error), name=f"record-turn-{w.session_id}"
+                )
             except asyncio.CancelledError:
                 cancelled = True
             except Exception:  # _record reports its own failures; this is a bug
@@ -212,7 +214,7 @@ class TurnRunner:
                 ending = error or bookkeeping
                 if ending is None and cancelled:
                     ending = AgentUnavailable(w.session_id, _CANCELLED)
-                await asyncio.shield(turn.finish(ending))
+                await tasks.shielded(turn.finish(ending), name=f"end-turn-{w.session_id}")
                 if not w.status.stopping:
                     w.lifecycle.arm_idle_timer()
             if cancelled:
@@ -284,7 +286,7 @@ class TurnRunner:
             return
         turn.announced = True
         # Shielded: the announcer may be cancelled (the echo came), but never mid-publish.
-        await asyncio.shield(turn.publish(event))
+        await tasks.shielded(turn.publish(event), name=f"publish-prompt-{turn.session_id}")
         faults.point("turn.prompt_recorded")
 
     # Interrupts
