@@ -97,6 +97,7 @@ class SessionWorker:
         self.lock = asyncio.Lock()
         self._log = log.bind(session_id=self.session_id)
         self.update_time: datetime = record.update_time
+        # The parts reach each other through the worker, and only once it is built.
         self.lifecycle = Lifecycle(self, ctx, self._log)
         self.turns = TurnRunner(self, ctx, self._log)
         self.process = AgentProcess(
