@@ -3,7 +3,8 @@ idle or for another session's live slot, closed, retired by DeleteSession, stopp
 
 The process itself is `process.AgentProcess`'s; this decides when it starts and when it is let
 go, and what a hibernated session frees with it (its transcript index, its remembered turns).
-Everything here that touches the process runs under the worker's lock.
+What starts or lets go of the process runs under the worker's lock; only a shutdown ends it
+without, once a rewind in progress has had its time.
 """
 
 from __future__ import annotations
