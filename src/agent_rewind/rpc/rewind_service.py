@@ -22,6 +22,7 @@ from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
+from agent_rewind.rpc.pages import PointPages
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.registry import SessionRegistry
@@ -123,6 +124,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self._engine = engine
         self._hub = hub
         self._max_live_sessions = max_live_sessions
+        self._pages = PointPages()
         self._events = _EventMessages()
         # A deleted session's events, as watchers got them, named its files: they go with it.
         hub.on_session_deleted.append(self._events.forget)
@@ -175,10 +177,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         # while nothing it shows has changed: the view (a new one after any change to the
         # transcript or a cut), the flags, the snapshots' availability.
         key = (start, size, worker.record.checkpointing, worker.holds_newest_checkpoint, id(snapshots))
-        cached = worker.page_cache
-        if cached is not None and cached[0] is view and cached[1] == key:
-            encoded: bytes = cached[2]
-            return encoded
+        cached = self._pages.get(worker, view, key)
+        if cached is not None:
+            return cached
         points = view.points[start : start + size]
         more = start + size < len(view.points)
         response = rewind_service_pb2.ListRewindPointsResponse(
@@ -194,7 +195,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
             last_message_id=view.last_message_id,
         ).SerializeToString()
-        worker.page_cache = (view, key, response, snapshots)
+        self._pages.put(worker, view, key, response, snapshots)
         return response
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:

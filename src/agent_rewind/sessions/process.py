@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent_rewind import metrics
+from agent_rewind import metrics, tasks
 from agent_rewind.errors import AgentUnavailable, ShuttingDown
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.live import Evict, LiveSlots
@@ -102,7 +102,7 @@ class AgentProcess:
         client, self.client = self.client, None
         if client is None:
             return
-        task = asyncio.create_task(self._ended(client, now), name=f"close-cli-{self._session_id}")
+        task = tasks.detach(self._ended(client, now), name=f"close-cli-{self._session_id}")
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 

@@ -37,6 +37,7 @@ class Turn:
         self.sent = False
         # True once the prompt event was published (from the transcript, or the CLI's echo).
         self.announced = False
+        # Asked to stop. Asked before the prompt reached the CLI, the Interrupt is sent with it.
         self.interrupted = False
         # Set when the turn ignored Interrupt and its process was killed.
         self.killed = False

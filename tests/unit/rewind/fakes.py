@@ -5,15 +5,14 @@ The real CLI proves the rewinds themselves (tests/integration/test_rewind.py); h
 answers rewind_files so failures can be provoked exactly where they hurt. The transcript is
 written by the test (`Setup.turn`), or by the fake CLI in a real turn of the worker
 (`Setup.prompt`), which snapshots the workspace at the turn's start and end as a server does.
+The fake CLI is the shared one (agent_rewind.testing.fake_agent); here a turn writes no reply.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,148 +21,29 @@ import pytest
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rewind.outcome import Mode
 from agent_rewind.rewind.undo import UndoRequest
-from agent_rewind.sessions.adapter import AgentError, ClientSpec
-from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.events import ResultEvent
 from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots import Limits
 from agent_rewind.store.ledger import EventRecord, NewSession, RewindRecord, SessionRecord
 from agent_rewind.store.sqlite import SqliteLedger
+from agent_rewind.testing.fake_agent import (
+    Edits,
+    FakeClient,
+    FakeFactory,
+    Knobs,
+    append,
+    prompt_entry,
+    reply_entry,
+)
 from agent_rewind.transcript.paths import transcript_path
 
 SOON = 2.0
 
-# What an agent's turn writes: relative path -> content, None to delete it.
-Edits = dict[str, str | None]
 
-
-@dataclass
-class Knobs:
-    """How every fake process of a session behaves (a retry runs in a new process)."""
-
-    apply_failures: int = 0  # restores that fail with the process dying mid-request
-    refuse_apply: bool = False  # the restore itself is refused (no checkpoint)
-    refuse_plan: str = ""  # a dry run is refused with this error (no checkpoint)
-    apply_gate: asyncio.Event | None = None  # a restore waits here
-    apply_entered: asyncio.Event = field(default_factory=asyncio.Event)
-    applied: list[str] = field(default_factory=list)  # restores that happened
-    log: list[str] = field(default_factory=list)  # everything the processes were asked, in order
-    # What the CLI's checkpoints hold: a restore writes these (relative paths) into the workspace.
-    checkpoint: Edits = field(default_factory=dict)
-    # The files a dry run says a restore changes.
-    files_changed: tuple[str, ...] = ("a.txt",)
-    # What the agent does in the turn of a prompt (by its text).
-    edits: dict[str, Edits] = field(default_factory=dict)
-
-
-def write(root: Path, edits: Edits) -> None:
-    for name, text in edits.items():
-        path = root / name
-        if text is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-
-
-class FakeClient:
-    """Only what a rewind (and a plain turn) uses."""
-
-    def __init__(self, spec: ClientSpec, knobs: Knobs, transcript: Path) -> None:
-        self.spec = spec
-        self.knobs = knobs
-        self._transcript = transcript
-        self._alive = False
-        self.closed = False
-        self.cuts: list[str] = []
-        self._prompt = ("", "")
-        # Where the CLI's next entry chains to.
-        self._leaf = spec.resume_session_at if spec.resume else None
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    @property
-    def pid(self) -> int | None:
-        return 1 if self._alive else None
-
-    async def start(self) -> None:
-        self._alive = True
-
-    async def send_prompt(self, text: str, prompt_id: str) -> None:
-        self.knobs.log.append(f"prompt {text}")
-        self._prompt = (text, prompt_id)
-        # The CLI writes the prompt to the transcript before it answers.
-        with self._transcript.open("a") as f:
-            f.write(json.dumps(_entry("user", prompt_id, self._leaf, text)) + "\n")
-        self._leaf = prompt_id
-
-    async def receive_turn(self, prompt_id: str) -> AsyncIterator[TurnEvent]:
-        text, sent_id = self._prompt
-        assert sent_id == prompt_id
-        yield PromptEvent(prompt_id, text)
-        write(self.spec.cwd, self.knobs.edits.get(text, {}))  # the agent's tools at work
-        yield ResultEvent("success", False, 1, 5, 0.0, "ok", "end_turn")
-
-    async def interrupt(self) -> None:
-        return None
-
-    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
-        knobs = self.knobs
-        if dry_run and knobs.refuse_plan:
-            return FilesAnswer(can_rewind=False, error=knobs.refuse_plan)
-        if dry_run:
-            return FilesAnswer(can_rewind=True, files_changed=knobs.files_changed, insertions=1, deletions=1)
-        knobs.log.append(f"restore {message_id}")
-        knobs.apply_entered.set()
-        if knobs.apply_gate is not None:
-            await knobs.apply_gate.wait()
-        if knobs.apply_failures > 0:
-            knobs.apply_failures -= 1
-            self._alive = False
-            raise AgentError("the process died")
-        if knobs.refuse_apply:
-            return FilesAnswer(can_rewind=False, error="No file checkpoint found for this message")
-        write(self.spec.cwd, knobs.checkpoint)
-        knobs.applied.append(message_id)
-        knobs.log.append(f"restored {message_id}")
-        return FilesAnswer(
-            can_rewind=True, files_changed=knobs.files_changed, insertions=1, deletions=1, skipped_links=2
-        )
-
-    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
-        self.knobs.log.append(f"cut {target}")
-        self.cuts.append(target)
-        entries = [json.loads(line) for line in self._transcript.read_text().splitlines()]
-        self._leaf = next(e["parentUuid"] for e in entries if e["uuid"] == target)
-        return ConversationAnswer(True)
-
-    async def kill(self) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        self._alive = False
-        self.closed = True
-
-
-def _entry(kind: str, uid: str, parent: str | None, text: str = "") -> dict[str, Any]:
-    if kind == "user":
-        return {
-            "type": "user",
-            "uuid": uid,
-            "parentUuid": parent,
-            "promptSource": "sdk",
-            "timestamp": "2026-11-29T10:00:00Z",
-            "message": {"role": "user", "content": text},
-        }
-    return {
-        "type": "assistant",
-        "uuid": uid,
-        "parentUuid": parent,
-        "timestamp": "2026-11-29T10:00:01Z",
-        "message": {"id": f"msg_{uid[:8]}", "role": "assistant", "content": [{"type": "text", "text": "ok"}]},
-    }
+def _prompt_alone(client: FakeClient) -> None:
+    """A turn of these tests is its prompt (and the agent's edits): no reply is written."""
+    client.replies = False
 
 
 class Setup:
@@ -185,8 +65,9 @@ class Setup:
         self.ledger = ledger
         self.sid = record.session_id
         self.cwd = Path(record.cwd)
-        self.knobs = Knobs()
-        self.clients: list[FakeClient] = []
+        self.knobs = Knobs(files_changed=("a.txt",), insertions=1, deletions=1, skipped_links=2)
+        self.factory = FakeFactory(_prompt_alone, knobs=self.knobs, config_dir=tmp_path / "claude")
+        self.clients = self.factory.clients
         self.published: list[EventRecord] = []
         self.with_snapshots = snapshots
         self.limits = limits or Limits()
@@ -221,16 +102,12 @@ class Setup:
     def server(self, record: SessionRecord) -> tuple[RewindEngine, SessionWorker]:
         """The engine and worker a server makes for the session (at a restart, new ones)."""
 
-        def factory(spec: ClientSpec) -> FakeClient:
-            self.clients.append(FakeClient(spec, self.knobs, self.path))
-            return self.clients[-1]
-
         if self.with_snapshots:
             self.snapshots = Snapshots(self.tmp_path / "snapshots", self.ledger, self.limits)
         engine = RewindEngine(self.ledger, self.published.append, self.snapshots)
         ctx = WorkerContext(
             ledger=self.ledger,
-            client_factory=factory,
+            client_factory=self.factory,
             cli_env={},
             claude_config_dir=self.tmp_path / "claude",
             idle_timeout=0,
@@ -254,9 +131,7 @@ class Setup:
 
     def turn(self, text: str) -> str:
         prompt, answer = str(uuid.uuid4()), str(uuid.uuid4())
-        with self.path.open("a") as f:
-            f.write(json.dumps(_entry("user", prompt, self.leaf, text)) + "\n")
-            f.write(json.dumps(_entry("assistant", answer, prompt)) + "\n")
+        append(self.path, prompt_entry(prompt, self.leaf, text), reply_entry(answer, prompt, "ok"))
         self.prompts.append(prompt)
         self.leaf = self.last = answer
         return prompt

@@ -1,17 +1,17 @@
 """SessionWorker with a fake AgentClient: locking, turns, request ids, interrupts, the client's
 lifecycle, hibernation, close, shutdown, and what happens when the ledger fails.
 
-No CLI process runs here. The fake client scripts a turn (its prompt, then an optional wait on a
-gate, then an assistant message and a result), writes the prompt and the reply to the session's
-transcript as the CLI would, and records how the worker used it. The ledger is a real SQLite one
-in tmp_path, behind a wrapper that can make any of its methods fail or wait.
+No CLI process runs here. The fake client (agent_rewind.testing.fake_agent) scripts a turn (its
+prompt, then an optional wait on a gate, then an assistant message and a result), writes the
+prompt and the reply to the session's transcript as the CLI would, and records how the worker
+used it. The ledger is a real SQLite one in tmp_path, behind a wrapper that can make any of its
+methods fail or wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import time
 import uuid
@@ -31,9 +31,8 @@ from agent_rewind.errors import (
     StorageUnavailable,
     TurnInFlight,
 )
-from agent_rewind.sessions.adapter import AgentError, ClientSpec
+from agent_rewind.sessions.adapter import AgentError
 from agent_rewind.sessions.events import (
-    AssistantEvent,
     ConversationAnswer,
     FilesAnswer,
     PromptEvent,
@@ -47,216 +46,15 @@ from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
 from agent_rewind.snapshots import Limits
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession, RequestRecord
 from agent_rewind.store.sqlite import SqliteLedger
+from agent_rewind.testing.fake_agent import FakeClient, FakeFactory
+from agent_rewind.testing.fake_agent import append as _append
+from agent_rewind.testing.fake_agent import prompt_entry as _prompt_entry
+from agent_rewind.testing.fake_agent import reply_entry as _reply_entry
 from agent_rewind.transcript.paths import transcript_path
 
 # Generous bound on anything that should happen "at once"; a hang fails instead of blocking.
 SOON = 2.0
 CLI_ENV = {"CLAUDE_CONFIG_DIR": "/state/claude", "HOME": "/state/home"}
-
-
-def _prompt_entry(uid: str, parent: str | None, text: str) -> dict[str, Any]:
-    return {
-        "type": "user",
-        "uuid": uid,
-        "parentUuid": parent,
-        "isSidechain": False,
-        "promptSource": "sdk",
-        "message": {"role": "user", "content": text},
-        "timestamp": "2026-11-29T23:27:38.962Z",
-    }
-
-
-def _reply_entry(uid: str, parent: str, text: str) -> dict[str, Any]:
-    return {
-        "type": "assistant",
-        "uuid": uid,
-        "parentUuid": parent,
-        "isSidechain": False,
-        "message": {"id": f"msg_{uid[:8]}", "role": "assistant", "content": [{"type": "text", "text": text}]},
-        "timestamp": "2026-11-29T23:27:39.030Z",
-    }
-
-
-def _append(path: Path, *entries: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        for entry in entries:
-            f.write(json.dumps(entry) + "\n")
-
-
-class FakeClient:
-    """An AgentClient whose process is a few flags, and which writes the transcript as the CLI does."""
-
-    def __init__(self, spec: ClientSpec, pid: int, transcript: Path, factory: FakeFactory) -> None:
-        self.spec = spec
-        self._pid = pid
-        self._transcript = transcript
-        self._factory = factory
-        self._alive = False
-        self.started = False
-        self.closed = False
-        self.killed = False
-        self.prompts: list[str] = []
-        self.prompt_ids: list[str] = []
-        self.interrupts = 0
-        # How many prompts the CLI had been sent at each Interrupt it got.
-        self.interrupted_after: list[int] = []
-        self.turn_cancelled = False
-        self.cuts: list[tuple[str, str]] = []
-        # Where the next entry chains to: the CLI resumes at resume_session_at.
-        self.leaf = spec.resume_session_at if spec.resume else None
-        # Behaviour knobs, set by a test (or the factory's setup) before use.
-        self.start_error: AgentError | None = None
-        self.start_gate: asyncio.Event | None = None
-        self.turn_gate: asyncio.Event | None = None  # the turn waits here after its prompt
-        self.turn_error: AgentError | None = None  # raised after the prompt (and the gate)
-        self.echo = True  # the CLI echoes the prompt at once; else only after the gate
-        self.only_result = False  # the CLI answers with a result alone (a command: no echo, no reply)
-        self.ignore_interrupt = False
-        self.interrupt_error: AgentError | None = None
-        self.cut_answer = ConversationAnswer(True)
-        self.cut_error: AgentError | None = None
-        # Seconds after the prompt is sent before the CLI writes it to the transcript (None: at once).
-        self.transcript_delay: float | None = None
-        self._stop = asyncio.Event()  # an honoured interrupt, a kill or a close ends the wait
-        self._interrupted = False
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    @property
-    def pid(self) -> int | None:
-        return self._pid if self.started else None
-
-    def die(self) -> None:
-        """The CLI process exits on its own."""
-        self._alive = False
-        self._stop.set()
-
-    async def start(self) -> None:
-        await self._factory.changed_now(lambda: self._factory.starting.append(self))
-        if self.start_gate is not None:
-            await self.start_gate.wait()
-        if self.start_error is not None:
-            raise self.start_error
-        self.started = True
-        self._alive = True
-
-    async def send_prompt(self, text: str, prompt_id: str) -> None:
-        if not self._alive:
-            raise AgentError("not running")
-        self.prompts.append(text)
-        self.prompt_ids.append(prompt_id)
-        entry = _prompt_entry(prompt_id, self.leaf, text)
-        if self.transcript_delay is None:
-            _append(self._transcript, entry)
-        else:
-            asyncio.get_running_loop().call_later(self.transcript_delay, _append, self._transcript, entry)
-        self.leaf = prompt_id
-
-    async def receive_turn(self, prompt_id: str) -> AsyncIterator[TurnEvent]:
-        assert self.prompt_ids and prompt_id == self.prompt_ids[-1], "the turn of the prompt just sent"
-        n = len(self.prompts)
-        text = self.prompts[-1]
-        if self.only_result:
-            yield ResultEvent("success", False, 0, 1, 0.0, "", "")
-            return
-        if self.echo:
-            yield PromptEvent(prompt_id, text)
-        try:
-            await self._wait_for_gate()
-        except asyncio.CancelledError:
-            self.turn_cancelled = True
-            raise
-        if not self._alive:
-            raise AgentError("the Claude Code process exited during the turn")
-        if self.turn_error is not None:
-            raise self.turn_error
-        if not self.echo:
-            yield PromptEvent(prompt_id, text)
-        if self._interrupted:
-            self._interrupted = False
-            yield ResultEvent("error_during_execution", False, 1, 5, 0.0, "", "")
-            return
-        reply = str(uuid.uuid4())
-        _append(self._transcript, _reply_entry(reply, prompt_id, f"echo: {text}"))
-        self.leaf = reply
-        yield AssistantEvent(reply, f"msg_{self._pid}_{n}", f"echo: {text}")
-        yield ResultEvent("success", False, 1, 5, 0.0, f"echo: {text}", "end_turn")
-
-    async def _wait_for_gate(self) -> None:
-        if self.turn_gate is None:
-            return
-        waiters = [asyncio.ensure_future(self.turn_gate.wait()), asyncio.ensure_future(self._stop.wait())]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-
-    async def interrupt(self) -> None:
-        self.interrupts += 1
-        self.interrupted_after.append(len(self.prompts))
-        if self.interrupt_error is not None:
-            raise self.interrupt_error
-        if not self.ignore_interrupt:
-            self._interrupted = True
-            self._stop.set()
-
-    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
-        return FilesAnswer(can_rewind=True)
-
-    async def rewind_conversation(self, target: str, newest_prompt: str) -> ConversationAnswer:
-        self.cuts.append((target, newest_prompt))
-        if self.cut_error is not None:
-            raise self.cut_error
-        return self.cut_answer
-
-    async def kill(self) -> None:
-        self.killed = True
-        await self.close()
-
-    async def close(self) -> None:
-        self._alive = False
-        self._stop.set()
-        await self._factory.changed_now(lambda: setattr(self, "closed", True))
-
-
-class FakeFactory:
-    """The WorkerContext.client_factory: records every spec and client it made."""
-
-    def __init__(self, setup: Callable[[FakeClient], None] | None = None) -> None:
-        self.setup = setup
-        self.specs: list[ClientSpec] = []
-        self.clients: list[FakeClient] = []
-        self.starting: list[FakeClient] = []
-        self.config_dir: Path | None = None  # set by make_worker
-        self._changed = asyncio.Condition()
-
-    def __call__(self, spec: ClientSpec) -> FakeClient:
-        assert self.config_dir is not None
-        path = transcript_path(self.config_dir, str(spec.cwd), spec.session_id)
-        client = FakeClient(spec, 1000 + len(self.clients), path, self)
-        if self.setup is not None:
-            self.setup(client)
-        self.specs.append(spec)
-        self.clients.append(client)
-        return client
-
-    @property
-    def last(self) -> FakeClient:
-        return self.clients[-1]
-
-    async def changed_now(self, change: Callable[[], Any]) -> None:
-        async with self._changed:
-            change()
-            self._changed.notify_all()
-
-    async def until(self, condition: Callable[[], bool], seconds: float = SOON) -> None:
-        """Waits until a client's start or close makes `condition` true."""
-        async with asyncio.timeout(seconds), self._changed:
-            await self._changed.wait_for(condition)
 
 
 class FlakyLedger:
@@ -1352,7 +1150,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A long session's first read must not stall every other session on the loop."""
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _factory = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -1375,7 +1173,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
 async def test_a_small_transcript_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _factory = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -1402,7 +1200,7 @@ async def test_a_cut_the_live_process_accepts_keeps_the_process(make_worker: Mak
     async with worker.exclusive():
         await worker.view()
         await within(worker.cut_conversation("prompt-x"))
-    assert client.cuts == [("prompt-x", client.prompt_ids[-1])], "told the newest prompt it has seen"
+    assert client.cut_calls == [("prompt-x", client.prompt_ids[-1])], "told the newest prompt it has seen"
     assert worker.client_pid == client.pid and not client.closed
     assert len(factory.clients) == 1
 
@@ -1616,7 +1414,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What decides is the unread part, not the file's size."""
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _ = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -1633,7 +1431,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
 async def test_an_unread_part_of_exactly_the_inline_bound_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent_rewind.sessions.worker as worker_module
+    import agent_rewind.sessions.view as worker_module
 
     worker, _ = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)

@@ -1,0 +1,243 @@
+"""A session's process over its life: started on demand, prewarmed after a cut, hibernated when
+idle or for another session's live slot, closed, retired by DeleteSession, stopped at shutdown.
+
+The process itself is `process.AgentProcess`'s; this decides when it starts and when it is let
+go, and what a hibernated session frees with it (its transcript index, its remembered turns).
+What starts or lets go of the process runs under the worker's lock; only a shutdown ends it
+without, once a rewind in progress has had its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent_rewind import tasks
+from agent_rewind.errors import (
+    AgentRewindError,
+    AgentUnavailable,
+    SessionNotFound,
+    ShuttingDown,
+    TurnInFlight,
+)
+from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
+from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer
+
+if TYPE_CHECKING:
+    from agent_rewind.sessions.worker import SessionWorker, WorkerContext
+
+
+class Lifecycle:
+    def __init__(self, worker: SessionWorker, ctx: WorkerContext, log: Any) -> None:
+        self._worker = worker
+        self._ctx = ctx
+        self._log = log
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # This session's detached work (a prewarm, an idle hibernation): awaited at its shutdown.
+        self.background: set[asyncio.Task[None]] = set()
+
+    # Starting the process
+
+    async def _spec(self) -> ClientSpec:
+        """How to start the CLI now: resumed at the leaf the service shows, or fresh."""
+        w = self._worker
+        view = await w.view()
+        leaf = view.leaf
+        return ClientSpec(
+            session_id=w.session_id,
+            cwd=Path(w.record.cwd),
+            options=w.record.options,
+            checkpointing=w.record.checkpointing,
+            env=self._ctx.cli_env,
+            # A session never prompted has no conversation to resume: it starts fresh, under its id.
+            resume=leaf is not None,
+            resume_session_at=leaf,
+            stderr=self._on_stderr,
+            project_settings=self._ctx.project_settings,
+        )
+
+    def _on_stderr(self, line: str) -> None:
+        self._log.debug("cli stderr", line=line.rstrip())
+
+    async def ensure_client(self) -> AgentClient:
+        """The live client, started (or resumed) if needed. Call under the lock."""
+        w = self._worker
+        w.check_not_deleted()
+        client = w.process.client
+        if client is not None and client.alive:
+            w.process.used()
+            return client
+        if w.status.stopping:
+            raise ShuttingDown()
+        spec = await self._spec()
+        if spec.resume and spec.resume_session_at:
+            await w.process.settle()  # no process of the session writes its transcript now
+            await asyncio.to_thread(pin_leaf, w.transcript_file, w.session_id, spec.resume_session_at)
+        client = await w.process.start(spec)
+        if not w.record.started:
+            await self._ctx.ledger.touch_session(w.session_id, started=True)
+            w.record = replace(w.record, started=True)
+        return client
+
+    async def rewind_files(self, message_id: str, *, dry_run: bool) -> FilesAnswer:
+        """Asks the CLI to rewind (or preview rewinding) files. Call under the lock."""
+        client = await self.ensure_client()
+        try:
+            return await client.rewind_files(message_id, dry_run=dry_run)
+        except AgentError as err:
+            self._worker.process.let_go()
+            raise AgentUnavailable(self._worker.session_id, str(err)) from err
+
+    async def cut_conversation(self, target: str) -> None:
+        """Cuts the live process's conversation before `target` in place, or lets it go and
+        prewarms a new one resuming at the cut (see `SessionWorker.cut_conversation`)."""
+        w = self._worker
+        client = w.process.client
+        if client is None or not client.alive:
+            return
+        newest = w.transcript_view().points
+        try:
+            answer = await client.rewind_conversation(target, newest[-1].message_id if newest else target)
+        except AgentError as err:
+            answer = ConversationAnswer(False, "error", str(err))
+        if answer.rewound:
+            self._log.info("conversation cut in the live process", target=target)
+            return
+        self._log.info("cli refused the cut in place; resuming a new process", reason=answer.reason)
+        self.replace_process()
+
+    def replace_process(self) -> None:
+        """Lets the live process go; a new one starts in the background once the lock is free."""
+        w = self._worker
+        w.process.let_go()
+        if not w.record.closed and not w.status.stopping:
+            self._in_background(self._prewarm(), f"prewarm-{w.session_id}")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = tasks.detach(work, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _prewarm(self) -> None:
+        w = self._worker
+        async with w.lock:
+            if w.process.client is not None or w.record.closed or w.status.stopping or w.gone:
+                return
+            try:
+                await self.ensure_client()
+            except AgentRewindError as err:
+                # The next call tries again and reports it; nobody waits on this one.
+                self._log.warning("could not start the CLI after a rewind", error=err.message)
+                return
+            self.arm_idle_timer()
+
+    # Giving the process back
+
+    def after_exclusive_use(self) -> None:
+        """Called when a rewind or other exclusive work ends: closed sessions give their process back."""
+        if self._worker.record.closed:
+            self._worker.process.let_go()
+        else:
+            self.arm_idle_timer()
+
+    async def close(self, *, force: bool) -> None:
+        """CloseSession (see `SessionWorker.close`)."""
+        w = self._worker
+        w.check_not_deleted()
+        turn = w.status.claimed
+        if turn is not None:
+            if not force:
+                raise TurnInFlight(w.session_id)
+            await w.interrupt()
+            await turn.wait()
+        async with w.lock:
+            w.check_not_deleted()
+            self.cancel_idle_timer()
+            w.process.let_go()
+            await w.process.settle()
+            w.update_time = await self._ctx.ledger.touch_session(w.session_id, closed=True)
+            w.record = replace(w.record, closed=True)
+
+    @contextlib.asynccontextmanager
+    async def retiring(self) -> AsyncIterator[None]:
+        """DeleteSession's hold on the session (see `SessionWorker.retiring`)."""
+        w = self._worker
+        w.status.retire()
+        try:
+            turn = w.status.claimed
+            if turn is not None:
+                await w.interrupt()
+                await turn.wait()
+            async with w.lock:
+                self.cancel_idle_timer()
+                if w.deleted:
+                    raise SessionNotFound(w.session_id)  # another deletion got here first
+                await self._let_go_and_forget()
+                yield
+        finally:
+            w.status.retired()
+
+    async def hibernate(self) -> None:
+        """Gives the process back (the idle timer). Skipped when the session is in use."""
+        w = self._worker
+        if w.lock.locked():
+            return
+        async with w.lock:
+            if w.process.client is not None and not w.turn_running:
+                self._log.info("hibernating idle session")
+                await self._let_go_and_forget()
+
+    async def evict(self) -> bool:
+        """Hibernates the session now for another's live slot: True once its process has exited,
+        False when it is busy (a turn running, a rewind holding the lock)."""
+        w = self._worker
+        if w.lock.locked() or w.turn_running:
+            return False
+        async with w.lock:  # free, so taken at once
+            self.cancel_idle_timer()
+            await self._let_go_and_forget()
+        return True
+
+    async def _let_go_and_forget(self) -> None:
+        """Ends the process and frees what a hibernated session need not hold: its transcript
+        index and remembered turns come back from the disk and the ledger when next needed."""
+        w = self._worker
+        w.process.let_go()
+        await w.process.settle()
+        w.forget()
+        if self._ctx.snapshots is not None:
+            self._ctx.snapshots.forget(w.session_id)
+
+    def arm_idle_timer(self) -> None:
+        self.cancel_idle_timer()
+        if self._ctx.idle_timeout > 0 and not self._worker.status.stopping:
+            loop = asyncio.get_running_loop()
+            self._idle_timer = loop.call_later(
+                self._ctx.idle_timeout,
+                lambda: self._in_background(self.hibernate(), f"hibernate-{self._worker.session_id}"),
+            )
+
+    def cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    async def shutdown(self, grace: float) -> None:
+        """Gives a running turn `grace` seconds and a rewind in progress its time to finish, then
+        ends the CLI process whatever happens."""
+        w = self._worker
+        w.status.stop()
+        self.cancel_idle_timer()
+        await w.turns.end(grace)
+        # A rewind holds the lock while it applies: let it finish (its control requests are bounded).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace + 35):
+                await w.lock.acquire()
+                w.lock.release()
+        await asyncio.gather(*self.background, return_exceptions=True)
+        w.process.let_go()
+        await w.process.settle()
