@@ -22,7 +22,7 @@ import structlog
 
 from agent_rewind import metrics
 from agent_rewind.errors import CursorExpired, InvalidArgument, ShuttingDown, SubscriberTooSlow
-from agent_rewind.store.ledger import EventRecord, Ledger
+from agent_rewind.store.ledger import EventLog, EventRecord
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ class _Watcher:
 
 
 class EventHub:
-    def __init__(self, ledger: Ledger, *, max_lag: int = 1000) -> None:
+    def __init__(self, ledger: EventLog, *, max_lag: int = 1000) -> None:
         self._ledger = ledger
         self._max_lag = max_lag
         self._cache: OrderedDict[int, EventRecord] = OrderedDict()

@@ -23,7 +23,7 @@ import structlog
 
 from agent_rewind import metrics
 from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore, directory_bytes
-from agent_rewind.store.ledger import Ledger, NewSnapshot, SnapshotRecord
+from agent_rewind.store.ledger import NewSnapshot, SnapshotOrder, SnapshotRecord
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +46,7 @@ class Snapshots:
     """Every session's snapshot store, under one directory of the state dir."""
 
     def __init__(
-        self, root: Path, ledger: Ledger, limits: Limits, threads: int = 4, *, watch: bool = False
+        self, root: Path, ledger: SnapshotOrder, limits: Limits, threads: int = 4, *, watch: bool = False
     ) -> None:
         """`watch`: each store follows its workspace while its session is live (inotify), so a
         snapshot asks git only about what changed (`snapshots.watch`)."""

@@ -6,10 +6,13 @@ pending conversation cut of a rewind until a new turn makes it visible in the tr
 before anything is applied), the request ids that make calls idempotent, and the event log
 watchers follow.
 
-This module is the interface, in domain terms; `store/sqlite.py` is the embedded
-implementation, `store/postgres.py` the one a deployment of several replicas shares
-(`--database-url`). Every write is one transaction and durable when its call returns. Methods are
-coroutines so an implementation may talk to a database server without blocking the event loop.
+This module is the interface, in domain terms: `Ledger`, the union of one part per concern
+(`Sessions`, `Requests`, `Cuts`, `Rewinds`, `ReplicaDirectory`, `SnapshotOrder`, `EventLog`,
+`Erasure`), so a consumer may name only the part it uses. It has two implementations, both the
+SQL core of `store/sql.py` over a dialect: `store/sqlite.py`, the embedded one, and
+`store/postgres.py`, the one a deployment of several replicas shares (`--database-url`). Every
+write is one transaction and durable when its call returns. Methods are coroutines so an
+implementation may talk to a database server without blocking the event loop.
 """
 
 from __future__ import annotations
@@ -225,20 +228,8 @@ class RequestIdTaken(Exception):
         self.existing = existing
 
 
-class Ledger(Protocol):
-    """Durable state shared by everything the service does. Implementations: SqliteLedger."""
-
-    async def close(self) -> None: ...
-
-    async def schema_version(self) -> int:
-        """The version of the schema (each implementation numbers its own migrations)."""
-        ...
-
-    async def secret(self, name: str, size: int = 32) -> bytes:
-        """A random secret of the deployment, made on first use and the same ever after."""
-        ...
-
-    # Sessions
+class Sessions(Protocol):
+    """Each session's creation parameters, its flags, and the replica that owns it."""
 
     async def add_session(self, new: NewSession, request: NewRequest | None = None) -> SessionRecord:
         """Records a session (and the request that created it). RequestIdTaken if the request
@@ -273,7 +264,9 @@ class Ledger(Protocol):
         """How many sessions (not deleted) each replica owns."""
         ...
 
-    # Request ids
+
+class Requests(Protocol):
+    """The request ids that make calls idempotent."""
 
     async def request(self, request_id: str) -> RequestRecord | None: ...
 
@@ -290,7 +283,9 @@ class Ledger(Protocol):
         """Drops request ids recorded before `older_than` (the retention); how many."""
         ...
 
-    # Pending conversation cuts
+
+class Cuts(Protocol):
+    """Pending conversation cuts: a rewind's cut until the transcript shows it."""
 
     async def anchor(self, session_id: str) -> Anchor | None: ...
 
@@ -298,7 +293,9 @@ class Ledger(Protocol):
         """Forgets a cut once the transcript shows it; a newer cut is left alone."""
         ...
 
-    # Rewinds
+
+class Rewinds(Protocol):
+    """Rewinds and their intents, recorded before anything is applied."""
 
     async def begin_rewind(self, new: NewRewind) -> None:
         """Records the intent (and its request) before anything is applied."""
@@ -323,7 +320,9 @@ class Ledger(Protocol):
 
     async def rewinds(self, session_id: str | None = None) -> list[RewindRecord]: ...
 
-    # The replica directory
+
+class ReplicaDirectory(Protocol):
+    """The replicas of a deployment, their leases, and the fencing of this one's writes."""
 
     async def register_replica(self, replica_id: str, address: str, lease_s: float) -> ReplicaRecord:
         """Enters (or re-enters) a replica with a lease of `lease_s` seconds and a new epoch: an
@@ -350,19 +349,15 @@ class Ledger(Protocol):
         sessions' ids; None, changing nothing, when its lease is current (it came back)."""
         ...
 
-    async def wait_for_events(self, seconds: float) -> None:
-        """Returns once another process may have appended events (PostgreSQL: a NOTIFY sent in
-        the appending transaction, on commit), or after `seconds`: the caller then reads
-        the log. SQLite, which one process writes, just waits."""
-        ...
-
     def fence(self, replica_id: str, epoch: int) -> None:
         """From now on every write commits only while `epoch` is the directory's epoch of
         `replica_id`: once another incarnation has registered under that id, each write raises
         ReplicaUnavailable and changes nothing (the directory's own writes excepted)."""
         ...
 
-    # Workspace snapshots
+
+class SnapshotOrder(Protocol):
+    """The order a session's workspace snapshots were taken in."""
 
     async def add_snapshot(self, new: NewSnapshot) -> SnapshotRecord: ...
 
@@ -375,7 +370,9 @@ class Ledger(Protocol):
         "pruned"): their trees may then be collected. How many."""
         ...
 
-    # The event log
+
+class EventLog(Protocol):
+    """The event log watchers follow."""
 
     async def events_after(
         self, cursor: int, session_id: str | None = None, limit: int = 1000
@@ -393,7 +390,15 @@ class Ledger(Protocol):
         of the log (everything up to the newest old one); how many."""
         ...
 
-    # Erasure
+    async def wait_for_events(self, seconds: float) -> None:
+        """Returns once another process may have appended events (PostgreSQL: a NOTIFY sent in
+        the appending transaction, on commit), or after `seconds`: the caller then reads
+        the log. SQLite, which one process writes, just waits."""
+        ...
+
+
+class Erasure(Protocol):
+    """DeleteSession: a session's tombstone, and what remains to erase on disk."""
 
     async def erase_session(
         self,
@@ -425,6 +430,21 @@ class Ledger(Protocol):
 
     async def finish_erasure(self, session_id: str) -> None:
         """Everything on disk is erased: the tombstone forgets what its erasure needed."""
+        ...
+
+
+class Ledger(Sessions, Requests, Cuts, Rewinds, ReplicaDirectory, SnapshotOrder, EventLog, Erasure, Protocol):
+    """Durable state shared by everything the service does: every part above, for whoever needs
+    several. Implementations: SqliteLedger and PostgresLedger, both `store/sql.py`'s SqlLedger."""
+
+    async def close(self) -> None: ...
+
+    async def schema_version(self) -> int:
+        """The version of the schema (each implementation numbers its own migrations)."""
+        ...
+
+    async def secret(self, name: str, size: int = 32) -> bytes:
+        """A random secret of the deployment, made on first use and the same ever after."""
         ...
 
 

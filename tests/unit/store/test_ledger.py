@@ -101,7 +101,7 @@ async def test_sessions_lists_every_session_and_ids_are_unique(ledger: Ledger) -
     await ledger.add_session(_session(SID))
     await ledger.add_session(_session(OTHER))
     assert {r.session_id for r in await ledger.sessions()} == {SID, OTHER}
-    with pytest.raises(Exception):  # noqa: B017 - each database raises its own integrity error
+    with pytest.raises(SessionAlreadyExists):
         await ledger.add_session(_session(SID))
 
 
@@ -442,7 +442,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     (theirs,) = [e for e in await ledger.events_after(0, OTHER)]
     assert theirs.data["files"] == {"files_changed": ["/ws/x"]}
     # A deleted session's id stays taken.
-    with pytest.raises(Exception):  # noqa: B017 - each database raises its own integrity error
+    with pytest.raises(SessionAlreadyExists):
         await ledger.add_session(_session(SID))
 
 

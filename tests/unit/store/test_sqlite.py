@@ -75,6 +75,28 @@ async def test_a_write_waits_out_the_busy_timeout_for_another_writer_then_is_una
         await ledger.close()
 
 
+async def test_a_read_of_a_file_damaged_under_the_ledger_is_unavailable_like_a_write(tmp_path: Path) -> None:
+    """A read that fails in the database (here the file, and its write-ahead log, overwritten
+    under the open ledger) is StorageUnavailable, as a failed write is and as PostgreSQL's reads
+    are: STORAGE_UNAVAILABLE to the caller, never sqlite3's own error (INTERNAL)."""
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    try:
+        await ledger.add_session(NewSession(SID, "/ws/a", {}, True))
+        files = sorted(tmp_path.iterdir())
+        assert files, "the ledger's files are there to damage"
+        for file in files:
+            file.write_bytes(b"\x55" * file.stat().st_size)
+        with pytest.raises(StorageUnavailable) as failed:
+            await ledger.sessions()
+        assert failed.value.reason == "STORAGE_UNAVAILABLE"
+        with pytest.raises(StorageUnavailable):
+            await ledger.session(SID)
+        with pytest.raises(StorageUnavailable):
+            await ledger.begin_request(NewRequest("req-1", "Prompt", "fp", SID))
+    finally:
+        await ledger.close()
+
+
 async def test_the_ledger_creates_its_directory(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "er" / "ledger.sqlite3"
     await (await SqliteLedger.open(path)).close()

@@ -1,0 +1,522 @@
+"""The ledger's logic written once, over SQL: every `Ledger` method, for SQLite and PostgreSQL.
+
+Each method is its statements and what it makes of their rows, run by a dialect
+(`store/dialect.py` says what one supplies; `store/sqlite.py` and `store/postgres.py` are the
+two). What the two databases need done differently is the dialect's; everything else is here.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from agent_rewind.errors import SessionAlreadyExists
+from agent_rewind.store.dialect import Dialect, Work, insert_statement
+from agent_rewind.store.ledger import (
+    Anchor,
+    EventRecord,
+    NewEvent,
+    NewRequest,
+    NewRewind,
+    NewSession,
+    NewSnapshot,
+    ReplicaRecord,
+    RequestIdTaken,
+    RequestRecord,
+    RewindRecord,
+    SessionRecord,
+    SnapshotRecord,
+    Tombstone,
+    now,
+)
+
+if TYPE_CHECKING:
+    from agent_rewind.store.ledger import Ledger
+
+# What DeleteSession deletes or rewrites rows of (what a dialect cleans after it commits).
+ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "events")
+
+
+class SqlLedger(Dialect):
+    """`Ledger` over SQL; a dialect, subclassing it, supplies the rest (`Dialect`)."""
+
+    # Secrets
+
+    async def secret(self, name: str, size: int = 32) -> bytes:
+        row = await self._row("SELECT value FROM secrets WHERE name = ?", name)
+        if row is not None:
+            return bytes(row["value"])
+
+        def insert() -> Work[bytes]:
+            yield (
+                "INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (name, os.urandom(size)),
+            )
+            made = (yield "SELECT value FROM secrets WHERE name = ?", (name,)).one()
+            assert made is not None
+            return bytes(made["value"])
+
+        return await self._transaction(insert)
+
+    # Sessions
+
+    async def add_session(self, new: NewSession, request: NewRequest | None = None) -> SessionRecord:
+        stamp = now()
+        sql, args = insert_statement(
+            "sessions",
+            {
+                "session_id": new.session_id,
+                "cwd": new.cwd,
+                "options_json": self._encode_json(new.options),
+                "checkpointing": new.checkpointing,
+                "create_time": self._encode_time(stamp),
+                "update_time": self._encode_time(stamp),
+                "principal": new.principal,
+                "workspace_snapshots": new.workspace_snapshots,
+                "replica": new.replica,
+                **self._legacy_columns("sessions", request),
+            },
+        )
+
+        def insert() -> Work[SessionRecord]:
+            if request is not None:
+                yield from self._insert_request(request, stamp)
+            row = (yield f"{sql} ON CONFLICT (session_id) DO NOTHING RETURNING *", args).one()
+            if row is None:  # the id is taken (a tombstone's included), maybe by another replica
+                raise SessionAlreadyExists(new.session_id)
+            return self._session(row)
+
+        return await self._transaction(insert)
+
+    async def remove_session(self, session_id: str) -> None:
+        def delete() -> Work[None]:
+            yield "DELETE FROM requests WHERE session_id = ? AND method = 'CreateSession'", (session_id,)
+            yield "DELETE FROM sessions WHERE session_id = ?", (session_id,)
+
+        await self._transaction(delete)
+
+    async def session(self, session_id: str) -> SessionRecord | None:
+        row = await self._row(
+            "SELECT * FROM sessions WHERE session_id = ? AND deleted_time IS NULL", session_id
+        )
+        return self._session(row) if row is not None else None
+
+    async def sessions(self) -> list[SessionRecord]:
+        rows = await self._rows(
+            "SELECT * FROM sessions WHERE deleted_time IS NULL ORDER BY create_time, session_id"
+        )
+        return [self._session(r) for r in rows]
+
+    async def touch_session(
+        self, session_id: str, *, closed: bool | None = None, started: bool | None = None
+    ) -> datetime:
+        stamp = now()
+        await self._execute(
+            "UPDATE sessions SET update_time = ?, closed = COALESCE(?, closed),"
+            " started = COALESCE(?, started) WHERE session_id = ?",
+            *(self._encode_time(stamp), closed, started, session_id),
+        )
+        return stamp
+
+    async def claim_sessions(self, replica_id: str, *, every: bool = False) -> int:
+        if every:
+            return await self._execute(
+                "UPDATE sessions SET replica = ? WHERE replica <> ?", replica_id, replica_id
+            )
+        return await self._execute("UPDATE sessions SET replica = ? WHERE replica = ''", replica_id)
+
+    async def session_counts(self) -> dict[str, int]:
+        rows = await self._rows(
+            "SELECT replica, COUNT(*) AS n FROM sessions WHERE deleted_time IS NULL GROUP BY replica"
+        )
+        return {r["replica"]: int(r["n"]) for r in rows}
+
+    # The replica directory (leases by the dialect's clock: the database's, where it has one)
+
+    def _replica_columns(self) -> tuple[str, tuple[Any, ...]]:
+        clock, args = self._clock()
+        return f"replica_id, address, epoch, lease_expires, lease_expires > {clock} AS alive", args
+
+    async def register_replica(self, replica_id: str, address: str, lease_s: float) -> ReplicaRecord:
+        (end, end_args), (columns, args) = self._lease_end(lease_s), self._replica_columns()
+        sql = (
+            f"INSERT INTO replicas (replica_id, address, epoch, lease_expires) VALUES (?, ?, 1, {end})"
+            " ON CONFLICT (replica_id) DO UPDATE SET address = excluded.address,"
+            f" epoch = replicas.epoch + 1, lease_expires = excluded.lease_expires RETURNING {columns}"
+        )
+
+        def upsert() -> Work[ReplicaRecord]:
+            row = (yield sql, (replica_id, address, *end_args, *args)).one()
+            assert row is not None
+            return self._replica(row)
+
+        return await self._transaction(upsert, fenced=False)
+
+    async def renew_replica(self, replica_id: str, epoch: int, lease_s: float) -> ReplicaRecord | None:
+        (end, end_args), (columns, args) = self._lease_end(lease_s), self._replica_columns()
+        sql = f"UPDATE replicas SET lease_expires = {end} WHERE replica_id = ? AND epoch = ? RETURNING {columns}"
+
+        def renew() -> Work[ReplicaRecord | None]:
+            row = (yield sql, (*end_args, replica_id, epoch, *args)).one()
+            return self._replica(row) if row is not None else None
+
+        return await self._transaction(renew, fenced=False)
+
+    async def retire_replica(self, replica_id: str, epoch: int) -> None:
+        clock, args = self._clock()
+        sql = f"UPDATE replicas SET lease_expires = {clock} WHERE replica_id = ? AND epoch = ?"
+        await self._execute(sql, *args, replica_id, epoch, fenced=False)
+
+    async def take_over(self, replica_id: str, by: str) -> list[str] | None:
+        clock, args = self._clock()
+
+        def take() -> Work[list[str] | None]:
+            sql = f"UPDATE replicas SET epoch = epoch + 1 WHERE replica_id = ? AND lease_expires <= {clock}"
+            if not (yield sql, (replica_id, *args)).rowcount:
+                return None
+            moved = yield (
+                "UPDATE sessions SET replica = ? WHERE replica = ? RETURNING session_id",
+                (by, replica_id),
+            )
+            return sorted(r["session_id"] for r in moved.rows)
+
+        return await self._transaction(take)
+
+    async def replicas(self) -> list[ReplicaRecord]:
+        columns, args = self._replica_columns()
+        return [
+            self._replica(r)
+            for r in await self._rows(f"SELECT {columns} FROM replicas ORDER BY replica_id", *args)
+        ]
+
+    # Request ids
+
+    def _insert_request(
+        self,
+        request: NewRequest,
+        stamp: datetime,
+        result: dict[str, Any] | None = None,
+        *,
+        done: bool = False,
+    ) -> Work[None]:
+        """Records a request id, or raises RequestIdTaken with the record that has it. A concurrent
+        insert of the same id is waited for: its row is then found, or, rolled back, this one goes in."""
+        sql, args = insert_statement(
+            "requests",
+            {
+                "request_id": request.request_id,
+                "method": request.method,
+                "fingerprint": request.fingerprint,
+                "session_id": request.session_id,
+                "done": done,
+                "result_json": self._encode_json(result, text=True),
+                "create_time": self._encode_time(stamp),
+            },
+        )
+        while True:
+            if (yield f"{sql} ON CONFLICT (request_id) DO NOTHING RETURNING 1", args).rows:
+                return
+            existing = (yield "SELECT * FROM requests WHERE request_id = ?", (request.request_id,)).one()
+            if existing is not None:
+                raise RequestIdTaken(self._request(existing))
+            # Deleted between the two statements (forgotten by another replica): try again.
+
+    async def request(self, request_id: str) -> RequestRecord | None:
+        row = await self._row("SELECT * FROM requests WHERE request_id = ?", request_id)
+        return self._request(row) if row is not None else None
+
+    async def begin_request(self, request: NewRequest, result: dict[str, Any] | None = None) -> None:
+        stamp = now()
+        await self._transaction(lambda: self._insert_request(request, stamp, result))
+
+    async def finish_request(self, request_id: str, result: dict[str, Any]) -> None:
+        await self._execute(
+            "UPDATE requests SET done = true, result_json = ? WHERE request_id = ?",
+            *(self._encode_json(result, text=True), request_id),
+        )
+
+    async def forget_request(self, request_id: str) -> None:
+        await self._execute("DELETE FROM requests WHERE request_id = ?", request_id)
+
+    async def forget_requests(self, older_than: datetime) -> int:
+        return await self._execute(
+            "DELETE FROM requests WHERE create_time < ?", self._encode_time(older_than)
+        )
+
+    # Pending conversation cuts
+
+    async def anchor(self, session_id: str) -> Anchor | None:
+        row = await self._row("SELECT * FROM anchors WHERE session_id = ?", session_id)
+        return self._anchor(row) if row is not None else None
+
+    async def clear_anchor(self, session_id: str, anchor_uuid: str) -> None:
+        await self._execute(
+            "DELETE FROM anchors WHERE session_id = ? AND anchor_uuid = ?", session_id, anchor_uuid
+        )
+
+    # Rewinds
+
+    async def begin_rewind(self, new: NewRewind) -> None:
+        stamp = now()
+        sql, args = insert_statement(
+            "rewinds",
+            {
+                "rewind_id": new.rewind_id,
+                "session_id": new.session_id,
+                "request_id": new.request.request_id if new.request else None,
+                "message_id": new.message_id,
+                "mode": new.mode,
+                "state": "pending",
+                "plan_json": self._encode_json(new.plan),
+                "principal": new.principal,
+                "occur_time": self._encode_time(stamp),
+                "kind": new.kind,
+                **self._legacy_columns("rewinds", new.request),
+            },
+        )
+
+        def insert() -> Work[None]:
+            if new.request is not None:
+                yield from self._insert_request(new.request, stamp, result={"rewind_id": new.rewind_id})
+            yield sql, args
+
+        await self._transaction(insert)
+
+    async def mark_files_applied(self, rewind_id: str) -> None:
+        await self._execute("UPDATE rewinds SET files_applied = true WHERE rewind_id = ?", rewind_id)
+
+    async def complete_rewind(
+        self, rewind_id: str, result: dict[str, Any], anchor: Anchor | None, event: NewEvent
+    ) -> EventRecord:
+        stamp = now()
+
+        def complete() -> Work[EventRecord]:
+            # The session's row first (erase_session takes it first too), the counter last.
+            yield (
+                "UPDATE sessions SET update_time = ? WHERE session_id = (SELECT session_id FROM rewinds"
+                " WHERE rewind_id = ? AND state = 'pending')",
+                (self._encode_time(stamp), rewind_id),
+            )
+            row = (
+                yield (
+                    "UPDATE rewinds SET state = 'applied', result_json = ? WHERE rewind_id = ? AND state = 'pending'"
+                    " RETURNING request_id",
+                    (self._encode_json(result), rewind_id),
+                )
+            ).one()
+            if row is None:
+                raise LookupError(f"no pending rewind {rewind_id}")
+            if row["request_id"] is not None:
+                yield "UPDATE requests SET done = true WHERE request_id = ?", (row["request_id"],)
+            if anchor is not None:
+                yield (
+                    "INSERT INTO anchors (session_id, anchor_uuid, target_message_id, transcript_size,"
+                    " drops_turn, rewind_id) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE"
+                    " SET anchor_uuid = excluded.anchor_uuid, target_message_id = excluded.target_message_id,"
+                    " transcript_size = excluded.transcript_size, drops_turn = excluded.drops_turn,"
+                    " rewind_id = excluded.rewind_id",
+                    (
+                        anchor.session_id,
+                        anchor.anchor_uuid,
+                        anchor.target_message_id,
+                        anchor.transcript_size,
+                        anchor.drops_turn,
+                        anchor.rewind_id,
+                    ),
+                )
+            cursor = yield from self._append_event(event, stamp, rewind_id)
+            return _appended(cursor, event, stamp)
+
+        return await self._transaction(complete)
+
+    async def abandon_rewind(self, rewind_id: str) -> None:
+        def delete() -> Work[None]:
+            sql = "DELETE FROM rewinds WHERE rewind_id = ? AND state = 'pending' RETURNING request_id"
+            row = (yield sql, (rewind_id,)).one()
+            if row is not None and row["request_id"] is not None:
+                yield "DELETE FROM requests WHERE request_id = ?", (row["request_id"],)
+
+        await self._transaction(delete)
+
+    async def rewind(self, rewind_id: str) -> RewindRecord | None:
+        row = await self._row("SELECT * FROM rewinds WHERE rewind_id = ?", rewind_id)
+        return self._rewind(row) if row is not None else None
+
+    async def pending_rewinds(self, session_id: str | None = None) -> list[RewindRecord]:
+        if session_id is None:
+            rows = await self._rows("SELECT * FROM rewinds WHERE state = 'pending' ORDER BY id")
+        else:
+            rows = await self._rows(
+                "SELECT * FROM rewinds WHERE state = 'pending' AND session_id = ? ORDER BY id", session_id
+            )
+        return [self._rewind(r) for r in rows]
+
+    async def rewinds(self, session_id: str | None = None) -> list[RewindRecord]:
+        if session_id is None:
+            rows = await self._rows("SELECT * FROM rewinds ORDER BY id")
+        else:
+            rows = await self._rows("SELECT * FROM rewinds WHERE session_id = ? ORDER BY id", session_id)
+        return [self._rewind(r) for r in rows]
+
+    # Workspace snapshots
+
+    async def add_snapshot(self, new: NewSnapshot) -> SnapshotRecord:
+        stamp = now()
+        sql, args = insert_statement(
+            "snapshots",
+            {
+                "session_id": new.session_id,
+                "kind": new.kind,
+                "ref": new.ref,
+                "tree": new.tree,
+                "complete": new.complete,
+                "reason": new.reason,
+                "occur_time": self._encode_time(stamp),
+            },
+        )
+
+        def insert() -> Work[int]:
+            row = (yield f"{sql} RETURNING seq", args).one()
+            assert row is not None
+            return int(row["seq"])
+
+        seq = await self._transaction(insert)
+        return SnapshotRecord(
+            seq, new.session_id, new.kind, new.ref, new.tree, new.complete, new.reason, stamp
+        )
+
+    async def snapshots(self, session_id: str) -> list[SnapshotRecord]:
+        rows = await self._rows("SELECT * FROM snapshots WHERE session_id = ? ORDER BY seq", session_id)
+        return [self._snapshot(row) for row in rows]
+
+    async def prune_snapshots(self, session_id: str, before_seq: int) -> int:
+        return await self._execute(
+            "UPDATE snapshots SET tree = NULL, complete = false, reason = 'pruned'"
+            " WHERE session_id = ? AND seq < ? AND tree IS NOT NULL",
+            *(session_id, before_seq),
+        )
+
+    # The event log
+
+    async def events_after(
+        self, cursor: int, session_id: str | None = None, limit: int = 1000
+    ) -> list[EventRecord]:
+        if session_id is None:
+            rows = await self._rows(
+                "SELECT * FROM events WHERE cursor > ? ORDER BY cursor LIMIT ?", cursor, limit
+            )
+        else:
+            rows = await self._rows(
+                "SELECT * FROM events WHERE session_id = ? AND cursor > ? ORDER BY cursor LIMIT ?",
+                *(session_id, cursor, limit),
+            )
+        return [self._event(row) for row in rows]
+
+    async def event_bounds(self) -> tuple[int, int]:
+        # One statement, one snapshot: the newest and the oldest agree.
+        row = await self._row(
+            "SELECT (SELECT value FROM counters WHERE name = 'event_cursor') AS newest,"
+            " (SELECT MIN(cursor) FROM events) AS oldest"
+        )
+        assert row is not None
+        newest = int(row["newest"])
+        if newest == 0:
+            return 0, 0
+        return (int(row["oldest"]) if row["oldest"] is not None else newest + 1), newest
+
+    async def trim_events(self, keep: int | None, older_than: datetime | None) -> int:
+        def trim() -> Work[int]:
+            dropped = 0
+            if older_than is not None:
+                # Always a prefix of the log (a clock set back must not punch holes in it).
+                sql = (
+                    "DELETE FROM events WHERE cursor <= (SELECT MAX(cursor) FROM events WHERE occur_time < ?)"
+                )
+                dropped += (yield sql, (self._encode_time(older_than),)).rowcount
+            if keep is not None:
+                sql = "DELETE FROM events WHERE cursor <= (SELECT value FROM counters WHERE name = 'event_cursor') - ?"
+                dropped += (yield sql, (keep,)).rowcount
+            return dropped
+
+        return await self._transaction(trim)
+
+    # Erasure
+
+    async def erase_session(
+        self,
+        session_id: str,
+        event: NewEvent,
+        request: NewRequest | None = None,
+        erasure: dict[str, Any] | None = None,
+    ) -> EventRecord:
+        stamp = now()
+        legacy = self._legacy_columns("sessions", None)
+        blanked = "".join(f", {name} = ?" for name in legacy)
+
+        def erase() -> Work[EventRecord]:
+            sql = f"SELECT 1 FROM sessions WHERE session_id = ? AND deleted_time IS NULL{self.LOCK}"
+            if (yield sql, (session_id,)).one() is None:
+                raise LookupError(f"no session {session_id}")
+            if request is not None:
+                yield from self._insert_request(request, stamp, result={}, done=True)
+            yield (
+                "UPDATE sessions SET cwd = '', options_json = '{}', closed = true, update_time = ?,"
+                f" deleted_time = ?, erasure_json = ?{blanked} WHERE session_id = ?",
+                (
+                    self._encode_time(stamp),
+                    self._encode_time(stamp),
+                    self._encode_json(erasure),
+                    *legacy.values(),
+                    session_id,
+                ),
+            )
+            yield "DELETE FROM anchors WHERE session_id = ?", (session_id,)
+            yield "DELETE FROM rewinds WHERE session_id = ?", (session_id,)
+            yield "DELETE FROM snapshots WHERE session_id = ?", (session_id,)
+            # Every request id of the session but the delete's own, recorded above.
+            yield (
+                "DELETE FROM requests WHERE session_id = ? AND request_id IS DISTINCT FROM ?",
+                (session_id, request.request_id if request is not None else None),
+            )
+            # The events stay (cursors are gap-free, and watchers must learn of the deletion), but
+            # the paths a rewind changed are the workspace's content: they go.
+            yield self.BLANK_FILES, (session_id,)
+            cursor = yield from self._append_event(event, stamp, None)
+            return _appended(cursor, event, stamp)
+
+        committed = await self._transaction(erase)
+        await self._erased(ERASED_TABLES, True)
+        return committed
+
+    async def tombstone(self, session_id: str) -> Tombstone | None:
+        sql = "SELECT * FROM sessions WHERE session_id = ? AND deleted_time IS NOT NULL"
+        row = await self._row(sql, session_id)
+        return self._tombstone(row) if row is not None else None
+
+    async def unfinished_erasures(self) -> list[Tombstone]:
+        rows = await self._rows(
+            "SELECT * FROM sessions WHERE deleted_time IS NOT NULL AND erasure_json IS NOT NULL"
+            " ORDER BY deleted_time, session_id"
+        )
+        return [self._tombstone(r) for r in rows]
+
+    async def finish_erasure(self, session_id: str) -> None:
+        changed = await self._execute(
+            "UPDATE sessions SET erasure_json = NULL WHERE session_id = ? AND deleted_time IS NOT NULL"
+            " AND erasure_json IS NOT NULL",
+            session_id,
+        )
+        await self._erased(("sessions",), bool(changed))
+
+
+def _appended(cursor: int, event: NewEvent, stamp: datetime) -> EventRecord:
+    return EventRecord(
+        cursor, event.kind, event.session_id, event.rewind_id, event.principal, stamp, dict(event.data)
+    )
+
+
+if TYPE_CHECKING:
+
+    def _is_a_ledger(ledger: SqlLedger) -> Ledger:
+        return ledger
