@@ -48,9 +48,12 @@ from claude_agent_sdk import __version__ as sdk_version
 from claude_agent_sdk._cli_version import __cli_version__ as cli_version
 
 import agent_rewind.testing.scripted_model as scripted_model
+from agent_rewind.sessions.adapter import pin_leaf
 from agent_rewind.testing import RECALL_PREFIX, ScriptedModel
+from agent_rewind.transcript import compaction
+from agent_rewind.transcript.index import TranscriptIndex
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "unit" / "rewind" / "data"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "unit" / "transcript" / "data"
 # How long to let the CLI finish writing the transcript after a result before measuring it.
 SETTLE_S = 0.3
 
@@ -372,8 +375,9 @@ async def compact(rec: Recording) -> None:
         before = await rec.turn(c, "write a.txt A\nsay wrote")
         await rec.turn(c, "/compact")
         # Compaction starts a new chain (its boundary has no parentUuid): the prompts before it
-        # leave the conversation as surely as rewound ones.
-        rec.dropped.update(t.prompt_uuid for t in rec.turns)
+        # leave the conversation the SDK shows; the service keeps them as compacted points.
+        compacted = [t.prompt_uuid for t in rec.turns if t.prompt_uuid]
+        rec.dropped.update(compacted)
         after = await rec.turn(c, "say after compact")
         last = await rec.turn(c, "recall")
         await rec.checkpoints(c, "end")
@@ -394,7 +398,66 @@ async def compact(rec: Recording) -> None:
     # (The CLI merges consecutive user entries into one API message, hence the substring checks.)
     seen = recalled(again)
     assert not any(after.prompt in text for text in seen) and seen[-1].endswith(last.prompt), seen
-    rec.save(recall=recalled(again), pre_compact_resume_error=error, pre_compact_anchor=anchor)
+    rec.save(
+        recall=recalled(again),
+        pre_compact_resume_error=error,
+        pre_compact_anchor=anchor,
+        compacted_prompts=compacted,
+    )
+
+
+async def compactions(rec: Recording) -> None:
+    """A /compact, then one the CLI starts by itself; then the conversation resumed from before
+    each, through the service's copy of it (transcript/compaction.py), the model recalling what
+    it sees."""
+    async with rec.client() as c:
+        one = await rec.turn(c, "say one")
+        first = await rec.turn(c, "write a.txt A\nsay wrote")
+        await rec.turn(c, "/compact")
+        b_one = await rec.turn(c, "say b one")
+        # A long context reported: the CLI compacts by itself before the next prompt.
+        second = await rec.turn(c, "context 1000000\nsay b two")
+        await rec.turn(c, "say c one")
+        last = await rec.turn(c, "recall")
+    boundaries = [e for e in _entries(rec.transcript) if e.get("subtype") == "compact_boundary"]
+    assert [b["compactMetadata"]["trigger"] for b in boundaries] == ["manual", "auto"], boundaries
+    resumes = []
+    for target in (first, second):
+        await asyncio.sleep(SETTLE_S)
+        index = TranscriptIndex(rec.transcript)
+        index.refresh()
+        anchor = rec.entry(target.prompt_uuid)["parentUuid"]
+        size_before = rec.transcript.stat().st_size
+        plan = compaction.plan_resume(index, anchor)
+        assert plan.lines, "an entry before the newest compaction needs a copy"
+        compaction.append(rec.transcript, plan.lines)
+        pin_leaf(rec.transcript, rec.session_id, plan.at)
+        async with rec.client(resume=rec.session_id, resume_session_at=plan.at) as c:
+            seen = await rec.turn(c, "recall")
+        resumes.append(
+            {
+                "to": target.prompt_uuid,
+                "anchor": anchor,
+                "copy_anchor": plan.at,
+                "size_before": size_before,
+                "recall": recalled(seen),
+                "recall_prompt": seen.prompt_uuid,
+                "size_after": rec.transcript.stat().st_size,
+            }
+        )
+    # The conversation now: the copy of the one from before the second compaction, then the last
+    # recall. Its prompts before the first compaction are compacted points, under their own ids.
+    rec.dropped.update(t.prompt_uuid for t in rec.turns if t.prompt_uuid)
+    rec.save(
+        recall=recalled(last),
+        resumes=resumes,
+        compacted_prompts=[one.prompt_uuid, first.prompt_uuid],
+        visible_prompts=[b_one.prompt_uuid, resumes[-1]["recall_prompt"]],
+    )
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def rewinds(rec: Recording) -> None:
@@ -448,6 +511,7 @@ FIXTURES: dict[str, Callable[[Recording], Awaitable[None]]] = {
     "tools": tools,
     "synthetic": synthetic,
     "compact": compact,
+    "compactions": compactions,
     "rewinds": rewinds,
     "window": window,
 }

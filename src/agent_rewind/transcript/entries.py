@@ -30,6 +30,9 @@ FILE_CHECKPOINT_WINDOW = 100
 
 # User entries with one of these set to true are the CLI's own words, not the user's.
 _SYNTHETIC_FLAGS = ("isMeta", "isCompactSummary", "isVisibleInTranscriptOnly")
+# The field the service adds to its copies of a compacted conversation (transcript/compaction.py):
+# the id of the entry copied. The CLI keeps unknown fields and ignores them.
+COPY_OF = "agentRewindCopyOf"
 
 
 class EntryKind(StrEnum):
@@ -58,10 +61,22 @@ class RewindPoint:
     # The checkpoint is not in the transcript yet: only the process that ran the prompt holds it
     # (the CLI writes the newest prompt's snapshot lazily, so a crash can lose it).
     checkpoint_pending: bool = False
+    # Before a compaction on the visible chain: the CLI no longer holds it, and a conversation
+    # rewind to it resumes a copy of the conversation as it was (transcript/compaction.py).
+    compacted: bool = False
+    # The transcript entry the CLI resumes at for a rewind to this point: the uuid of the entry
+    # `resume_at_message_id` names (they differ in a copy). "" for the first prompt.
+    anchor: str = ""
 
     @property
     def preview(self) -> str:
         return self.text[:PREVIEW_CHARS]
+
+
+def is_compact_boundary(raw: Mapping[str, Any]) -> bool:
+    """A compaction's boundary: the CLI reads a transcript from its newest one on, and the entries
+    after it start from the summary of what came before (`logicalParentUuid`)."""
+    return raw.get("type") == "system" and raw.get("subtype") == "compact_boundary"
 
 
 def classify(raw: Mapping[str, Any]) -> EntryKind:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rewind.errors import MessageNotFound
-from agent_rewind.transcript.entries import EntryKind, classify, prompt_text
+from agent_rewind.transcript.entries import COPY_OF, EntryKind, classify, is_compact_boundary, prompt_text
 from agent_rewind.transcript.reading import IndexStats, LineReader, assistant_parts, parse_line
 from agent_rewind.transcript.records import Backup, Entry, Records, backup_of
 from agent_rewind.transcript.subagents import Subagents
@@ -72,6 +72,16 @@ class TranscriptIndex:
     def get(self, uuid: str) -> Entry | None:
         return self._store.entries.get(uuid)
 
+    def copies_of(self, message_id: str) -> list[Entry]:
+        """The service's copies of the entry with this id (transcript/compaction.py), oldest first."""
+        entries = self._store.entries
+        return [entries[u] for u in self._store.copies.get(message_id, ())]
+
+    @property
+    def last_boundary(self) -> int:
+        """Offset of the newest compaction boundary in the file (-1: none): the CLI reads from it."""
+        return self._store.last_boundary
+
     def refresh(self) -> None:
         """Read what the CLI appended since the last call."""
         for offset, line in self._reader.read(on_reset=self._forget):
@@ -114,8 +124,12 @@ class TranscriptIndex:
         if not isinstance(uuid, str) or not uuid or uuid in store.entries:
             return
         kind = classify(raw)
-        parent_uuid = raw.get("parentUuid") if isinstance(raw.get("parentUuid"), str) else ""
+        boundary = is_compact_boundary(raw)
+        parent_key = "logicalParentUuid" if boundary and not raw.get("parentUuid") else "parentUuid"
+        parent_uuid = raw.get(parent_key) if isinstance(raw.get(parent_key), str) else ""
         parent = store.entries.get(parent_uuid) if parent_uuid else None
+        copy_of = raw.get(COPY_OF)
+        copy_of = copy_of if isinstance(copy_of, str) and copy_of != uuid else ""
         is_message = (
             raw.get("type") in ("user", "assistant")
             and raw.get("isMeta") is not True
@@ -143,10 +157,23 @@ class TranscriptIndex:
             messages=(parent.messages if parent else 0) + is_message,
             last_message=uuid if is_message else (parent.last_message if parent else ""),
             agent_id=agent_id if isinstance(agent_id, str) and kind is EntryKind.SUBAGENT else "",
+            compactions=(parent.compactions if parent else 0) + boundary,
+            segment=offset if boundary or parent is None else parent.segment,
+            copy_of=copy_of,
         )
         store.entries[uuid] = entry
-        if api_id:
-            store.api_ids.setdefault(api_id, uuid)
+        if copy_of:
+            store.copies.setdefault(copy_of, []).append(uuid)
+        if boundary:
+            store.last_boundary = offset
+        # An API message spans consecutive entries: its first one stands for it, in each chain
+        # it is on (the CLI's, and each copy's).
+        if api_id and (parent is None or parent.api_message_id != api_id):
+            store.api_ids.setdefault(api_id, []).append(uuid)
+            # A copy's reply answers to its original's message id too.
+            original = store.entries.get(copy_of) if copy_of else None
+            if original is not None and original.api_message_id and original.api_message_id != api_id:
+                store.api_ids.setdefault(original.api_message_id, []).append(uuid)
         if kind is not EntryKind.SUBAGENT:
             store.leaf = uuid
 

@@ -30,6 +30,20 @@ class Entry:
     messages: int  # `is_message` entries on the chain
     last_message: str  # uuid of the newest `is_message` entry on the chain, "" if none
     agent_id: str = ""  # subagent messages only
+    # Compaction (transcript/compaction.py). A compact boundary's parent is the entry it
+    # summarized up to (`logicalParentUuid`), so a chain runs on through every compaction.
+    compactions: int = 0  # compact boundaries on the chain, this entry included
+    segment: int = (
+        0  # offset of the first entry of its segment: the newest boundary on its chain, or its root
+    )
+    # The id of the entry this one is a copy of (the service's copy of a compacted conversation,
+    # which the CLI can resume), "" for an entry the CLI wrote. Clients see only that id.
+    copy_of: str = ""
+
+    @property
+    def id(self) -> str:
+        """The message id clients see: the original's for a copy."""
+        return self.copy_of or self.uuid
 
     @property
     def create_time(self) -> datetime | None:
@@ -58,7 +72,10 @@ class Records:
     """Everything read from one version of the main file. Append-only until the file is replaced."""
 
     entries: dict[str, Entry] = field(default_factory=dict)
-    api_ids: dict[str, str] = field(default_factory=dict)  # "msg_..." -> uuid of its first entry
+    # "msg_..." -> uuid of its first entry, and of the first entry of each copy of it
+    api_ids: dict[str, list[str]] = field(default_factory=dict)
+    copies: dict[str, list[str]] = field(default_factory=dict)  # an entry's id -> uuids of its copies
+    last_boundary: int = -1  # offset of the newest compact boundary in the file: the CLI reads from there
     snapshots: dict[str, int] = field(default_factory=dict)  # prompt uuid -> order of its first snapshot
     agent_calls: dict[str, str] = field(default_factory=dict)  # Agent tool_use id -> assistant uuid
     # The CLI's file history, every branch's, in the order written.

@@ -9,7 +9,7 @@ Views share their chains (`Chain`) when the chains share a prefix, so a page of 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, overload
 
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
@@ -40,12 +40,14 @@ class Chain:
 class _Points(Sequence[RewindPoint]):
     """A view's rewind points, made on access so a page costs O(page size)."""
 
-    __slots__ = ("_n", "_prompts", "_snapshots")
+    __slots__ = ("_compactions", "_entries", "_n", "_prompts", "_snapshots")
 
-    def __init__(self, prompts: list[Entry], n: int, snapshots: Mapping[str, int]) -> None:
+    def __init__(self, prompts: list[Entry], n: int, store: Records, compactions: int) -> None:
         self._prompts = prompts
         self._n = n
-        self._snapshots = snapshots
+        self._snapshots = store.snapshots
+        self._entries = store.entries
+        self._compactions = compactions  # the leaf's: points under fewer are compacted
 
     def __len__(self) -> int:
         return self._n
@@ -68,23 +70,31 @@ class _Points(Sequence[RewindPoint]):
             yield self._point(self._prompts[i])
 
     def _point(self, entry: Entry) -> RewindPoint:
+        compacted = entry.compactions < self._compactions
         # Read the snapshot count now, not when the view was made: the CLI writes a prompt's
         # snapshot lazily (seen at the next prompt or at exit), after its turn's entries.
         count = len(self._snapshots)
         position = self._snapshots.get(entry.uuid)
-        if position is None:
+        if compacted or entry.copy_of:
+            # The CLI keeps no checkpoint of a prompt before its last compaction, nor of a copy
+            # (it never ran that prompt): their files come from workspace snapshots only.
+            has_checkpoint = pending = False
+        elif position is None:
             # Not written yet: the live process holds it for the newest prompt.
-            has_checkpoint = entry.prompts == self._n
+            has_checkpoint, pending = entry.prompts == self._n, True
         else:
-            has_checkpoint = position >= count - FILE_CHECKPOINT_WINDOW
+            has_checkpoint, pending = position >= count - FILE_CHECKPOINT_WINDOW, False
+        parent = self._entries.get(entry.parent_uuid) if entry.depth else None
         return RewindPoint(
-            message_id=entry.uuid,
-            resume_at_message_id=entry.parent_uuid if entry.depth else "",
+            message_id=entry.id,
+            resume_at_message_id=parent.id if parent is not None else "",
             text=entry.text,
             index=entry.prompts - 1,
             create_time=parse_timestamp(entry.timestamp),
             has_checkpoint=has_checkpoint,
-            checkpoint_pending=position is None,
+            checkpoint_pending=pending,
+            compacted=compacted,
+            anchor=parent.uuid if parent is not None else "",
         )
 
 
@@ -115,11 +125,17 @@ class ConversationView:
         self._n = n
         self._leaf = leaf
         n_prompts = leaf.prompts if leaf is not None else 0
-        self.points: Sequence[RewindPoint] = _Points(chain.prompts, n_prompts, store.snapshots)
+        compactions = leaf.compactions if leaf is not None else 0
+        self.points: Sequence[RewindPoint] = _Points(chain.prompts, n_prompts, store, compactions)
 
     @property
     def leaf(self) -> str | None:
+        """The transcript uuid of the entry the view ends at (what the CLI resumes at)."""
         return self._leaf.uuid if self._leaf is not None else None
+
+    @property
+    def leaf_entry(self) -> Entry | None:
+        return self._leaf
 
     def offsets(self) -> list[int]:
         """Where the visible chain's lines are in the transcript, root first (to copy it)."""
@@ -128,11 +144,23 @@ class ConversationView:
     @property
     def last_message_id(self) -> str:
         """The newest visible user or assistant message, "" if none."""
-        return self._leaf.last_message if self._leaf is not None else ""
+        if self._leaf is None or not self._leaf.last_message:
+            return ""
+        return self._store.entries[self._leaf.last_message].id
 
-    def contains(self, uuid: str) -> bool:
-        entry = self._store.entries.get(uuid)
-        return entry is not None and self._on_chain(entry)
+    def contains(self, message_id: str) -> bool:
+        """Whether the entry a client's id names (or a transcript uuid) is on the visible chain."""
+        return self.find(message_id) is not None
+
+    def find(self, message_id: str) -> Entry | None:
+        """The visible chain's entry with this id: the entry itself or one of its copies (a
+        client's id), or the entry of this transcript uuid."""
+        entries = self._store.entries
+        for uuid in (message_id, *self._store.copies.get(message_id, ())):
+            entry = entries.get(uuid)
+            if entry is not None and self._on_chain(entry):
+                return entry
+        return None
 
     def _on_chain(self, entry: Entry) -> bool:
         return entry.depth < self._n and self._chain.entries[entry.depth] is entry
@@ -146,10 +174,17 @@ class ConversationView:
             raise InvalidArgument(
                 "message_id", "must be a prompt's transcript UUID or an assistant message id (msg_...)"
             )
-        entry = self._store.entries.get(message_id)
+        entries = self._store.entries
+        entry = self.find(message_id)
         if entry is None and is_api_id:
-            owner = self._store.api_ids.get(message_id)
-            entry = self._store.entries.get(owner) if owner else None
+            owners = self._store.api_ids.get(message_id, ())
+            entry = next((e for o in owners if (e := entries[o]) and self._on_chain(e)), None)
+        if entry is None:
+            # Not visible: an entry of a dropped branch, or a subagent's (told apart below).
+            entry = entries.get(message_id)
+            first = self._store.api_ids.get(message_id) if is_api_id else None
+            if entry is None and first:
+                entry = entries[first[0]]
         if entry is not None and entry.kind is not EntryKind.SUBAGENT:
             if not self._on_chain(entry):
                 raise MessageNotFound(message_id)
@@ -178,7 +213,7 @@ class ConversationView:
         """What each file the CLI's file history knows held just before `point` was sent, for the
         files it first recorded after that (on any branch): a backup's name, or None when the file
         did not exist. Files its snapshot at the point tracked are the CLI's own to restore."""
-        entry = self._store.entries.get(point.message_id)
+        entry = self.find(point.message_id) or self._store.entries.get(point.message_id)
         start = parse_timestamp(entry.timestamp) if entry is not None else None
         if start is None:
             return {}
@@ -194,7 +229,7 @@ class ConversationView:
 
     def messages_from(self, point: RewindPoint) -> int:
         """How many visible messages a conversation rewind to `point` drops (the point included)."""
-        entry = self._store.entries.get(point.message_id)
-        if entry is None or self._leaf is None or not self._on_chain(entry):
+        entry = self.find(point.message_id)
+        if entry is None or self._leaf is None:
             raise MessageNotFound(point.message_id)
         return self._leaf.messages - entry.messages + entry.is_message

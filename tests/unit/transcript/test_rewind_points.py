@@ -34,8 +34,14 @@ def test_points_are_the_prompts_the_user_sent_that_are_still_in_the_conversation
 ) -> None:
     rec = recorded(name)
     points = list(rec.index.view().points)
+    # The prompts before a compaction stay points, compacted; the rest are what the SDK shows.
+    compacted = rec.expected.get("compacted_prompts", [])
+    assert name.startswith("compact") == bool(compacted)
 
-    assert [p.message_id for p in points] == rec.expected["visible_prompts"]
+    assert [p.message_id for p in points] == compacted + rec.expected["visible_prompts"]
+    assert [p.compacted for p in points] == [True] * len(compacted) + [False] * len(
+        rec.expected["visible_prompts"]
+    )
     assert [p.index for p in points] == list(range(len(points)))
     sent = {t["uuid"]: t["prompt"] for t in rec.turns}
     assert [p.text for p in points] == [sent[p.message_id] for p in points]

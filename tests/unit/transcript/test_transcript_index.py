@@ -108,29 +108,52 @@ def test_a_view_at_the_anchor_is_the_conversation_once_the_next_prompt_is_writte
     assert not pending.contains(second_rewind["to"])
 
 
-def test_compaction_ends_the_visible_conversation(recorded: Make) -> None:
+def test_the_prompts_before_a_compaction_stay_points_the_cli_cannot_resume_at(recorded: Make) -> None:
     rec = recorded("compact")
     view = rec.index.view()
-    before = [t for t in rec.turns[:2]]
+    before = rec.turns[:2]
+    assert [t["prompt"] for t in before] == ["say one", "write a.txt A\nsay wrote"]
 
-    # The CLI refused to resume at an entry from before the compaction.
+    # The chain runs on through the compaction's boundary to the entry it summarized up to.
+    assert view.contains(rec.expected["pre_compact_anchor"])
+    points = [view.resolve(turn["uuid"]) for turn in before]
+    assert [p.index for p in points] == [0, 1]
+    assert all(p.compacted for p in points)
+    # The CLI refused to resume at an entry from before the compaction, and keeps no checkpoint
+    # of such a prompt: both come from the service (a copy; workspace snapshots).
     assert "No message found" in rec.expected["pre_compact_resume_error"]
-    assert not view.contains(rec.expected["pre_compact_anchor"])
-    for turn in before:
-        with pytest.raises(MessageNotFound):
-            view.resolve(turn["uuid"])
+    assert points[1].anchor == points[1].resume_at_message_id == rec.expected["pre_compact_anchor"]
+    assert not any(p.has_checkpoint or p.checkpoint_pending for p in points)
+    # A view that ends before the compaction has nothing compacted.
+    earlier = rec.index.view(rec.expected["pre_compact_anchor"])
+    assert [(p.message_id, p.compacted) for p in earlier.points] == [(before[0]["uuid"], False)]
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_last_message_and_messages_dropped_agree_with_the_sdk(recorded: Make, name: str) -> None:
     rec = recorded(name)
     view = rec.index.view()
-    sdk = [m["uuid"] for m in rec.expected["sdk_messages"]]
+    # The SDK names the CLI's entries; a copy of a compacted conversation shows the original's id.
+    sdk = [_shown_id(rec, m["uuid"]) for m in rec.expected["sdk_messages"]]
 
     assert view.last_message_id == sdk[-1]
     assert view.points, f"{name} has no rewind points"
     for point in view.points:
-        assert view.messages_from(point) == len(sdk) - sdk.index(point.message_id)
+        if not point.compacted:  # the SDK shows the conversation from the newest compaction on
+            assert view.messages_from(point) == len(sdk) - sdk.index(point.message_id)
+    compacted = [p for p in view.points if p.compacted]
+    assert [p.message_id for p in compacted] == rec.expected.get("compacted_prompts", [])
+    if compacted:
+        # Back to the first prompt: every message before the compaction too (each turn's
+        # prompt, replies and tool results, as the live stream reported them).
+        turns = rec.turns[: len(compacted)]
+        before = sum(1 + len(t["assistant_uuids"]) + len(t["tool_results"]) for t in turns)
+        assert view.messages_from(compacted[0]) == before + len(sdk)
+
+
+def _shown_id(rec: Recorded, uuid: str) -> str:
+    entry = rec.index.get(uuid)
+    return entry.id if entry is not None else uuid
 
 
 # --- resolving a client's message id -------------------------------------------------------------
