@@ -66,14 +66,14 @@ async def test_slash_commands_other_than_compact_are_refused_naming_text(tmp_pat
 async def test_compact_runs_ends_its_turn_and_the_session_goes_on(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
         sid = (await c.create()).session_id
-        await c.prompt(sid, "say before")
+        before = prompt_id(await c.prompt(sid, "say before"))
         events = await asyncio.wait_for(c.prompt(sid, "/compact"), 60)
         assert result_of(events).subtype == "success"
         assert (await c.get(sid)).state == session_pb2.SESSION_STATE_IDLE
         after = prompt_id(await c.prompt(sid, "say after"))
-        # Points before the compaction are gone (the CLI cannot resume before it); later ones work.
+        # Points before the compaction stay, compacted (test_compaction.py rewinds to them).
         points = await c.points(sid)
-        assert [p.message_id for p in points.points] == [after]
+        assert [(p.message_id, p.compacted) for p in points.points] == [(before, True), (after, False)]
         transcripts = list((tmp_path / "claude" / "projects").glob("*/*.jsonl"))
         assert [t.stem for t in transcripts] == [sid]
 

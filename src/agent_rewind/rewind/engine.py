@@ -277,7 +277,7 @@ class RewindEngine:
             plan = await self._plan(worker, req)
             last = plan.last_message_id
             if plan.conversation.can_rewind:
-                last = worker.view_at(plan.point.resume_at_message_id).last_message_id
+                last = worker.view_at(plan.point.anchor).last_message_id
         return RewindOutcome("", plan.files, plan.conversation, last)
 
     def _request(self, req: RewindRequest) -> NewRequest | None:
@@ -351,7 +351,7 @@ class RewindEngine:
         if req.mode.conversation:
             anchor = Anchor(
                 session_id=worker.session_id,
-                anchor_uuid=plan.point.resume_at_message_id,
+                anchor_uuid=plan.point.anchor,
                 target_message_id=plan.point.message_id,
                 transcript_size=worker.transcript_size(),
                 drops_turn=None,

@@ -158,6 +158,7 @@ def rewind_point(
     return rewind_pb2.RewindPoint(
         message_id=point.message_id,
         resume_at_message_id=point.resume_at_message_id,
+        compacted=point.compacted,
         text=text,
         index=point.index,
         create_time=timestamp(point.create_time),

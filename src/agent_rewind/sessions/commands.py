@@ -19,7 +19,7 @@ from agent_rewind.errors import InvalidArgument
 _COMMAND = re.compile(r"^/([A-Za-z0-9][A-Za-z0-9_:.-]*)(?:\s|$)")
 
 # Commands the service runs, each covered by an integration test:
-# /compact summarizes the conversation; rewind points before it are gone, as they are for the SDK.
+# /compact summarizes the conversation; the prompts before it stay rewind points (compacted).
 ALLOWED = frozenset({"compact"})
 
 

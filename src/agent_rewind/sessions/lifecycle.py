@@ -26,6 +26,7 @@ from agent_rewind.errors import (
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer
+from agent_rewind.transcript import compaction
 
 if TYPE_CHECKING:
     from agent_rewind.sessions.worker import SessionWorker, WorkerContext
@@ -76,7 +77,11 @@ class Lifecycle:
         spec = await self._spec()
         if spec.resume and spec.resume_session_at:
             await w.process.settle()  # no process of the session writes its transcript now
-            await asyncio.to_thread(pin_leaf, w.transcript_file, w.session_id, spec.resume_session_at)
+            # A leaf before the CLI's newest compaction is resumed through a copy of its
+            # conversation (transcript/compaction.py), written now, before the CLI reads.
+            at = await w.resume_point(spec.resume_session_at)
+            spec = replace(spec, resume_session_at=at)
+            await asyncio.to_thread(pin_leaf, w.transcript_file, w.session_id, at)
         client = await w.process.start(spec)
         if not w.record.started:
             await self._ctx.ledger.touch_session(w.session_id, started=True)
@@ -99,9 +104,21 @@ class Lifecycle:
         client = w.process.client
         if client is None or not client.alive:
             return
-        newest = w.transcript_view().points
+        # The CLI knows its own entries: a copy's uuid, not the id a client sees; and it no longer
+        # holds a prompt from before its newest compaction (it refuses; a new process resumes).
+        view = w.transcript_view()
+        newest = view.points
+        cut = view.find(target)
+        newest_entry = view.find(newest[-1].message_id) if newest else None
+        if cut is not None and not compaction.resumable(await w.catch_up(), cut.parent_uuid):
+            self._log.info("cut to before a compaction: resuming a new process", target=target)
+            self.replace_process()
+            return
         try:
-            answer = await client.rewind_conversation(target, newest[-1].message_id if newest else target)
+            answer = await client.rewind_conversation(
+                cut.uuid if cut is not None else target,
+                newest_entry.uuid if newest_entry is not None else target,
+            )
         except AgentError as err:
             answer = ConversationAnswer(False, "error", str(err))
         if answer.rewound:

@@ -370,7 +370,7 @@ class SessionRegistry:
             tree: str | None = None
             if message_id:
                 point = view.resolve(message_id)
-                leaf = point.resume_at_message_id or None
+                leaf = point.anchor or None
                 if snapshots is None or not source.record.workspace_snapshots:
                     raise SnapshotUnavailable(
                         point.message_id, "off", "the session takes no workspace snapshots"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rewind.store.ledger import Anchor, Ledger
+from agent_rewind.transcript import compaction
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
 from agent_rewind.transcript.paths import exists, transcript_path
 
@@ -65,6 +66,20 @@ class TranscriptView:
             else:
                 index.refresh()
         return index
+
+    async def resume_point(self, leaf: str) -> str:
+        """The entry the CLI can resume for the conversation ending at `leaf`: itself, or, for a
+        leaf before the CLI's newest compaction, the end of a copy of its conversation, written
+        now (transcript/compaction.py). Call while no CLI process of the session runs."""
+        async with self._read_lock:
+            index = self.index()
+            plan = await asyncio.to_thread(compaction.plan_resume, index, leaf)
+            if plan.lines:
+                await asyncio.to_thread(compaction.append, index.path, plan.lines)
+                self._log.info(
+                    "conversation from before a compaction copied to resume", leaf=leaf, at=plan.at
+                )
+            return plan.at
 
     async def view(self) -> ConversationView:
         """The visible conversation: the transcript's own, cut at a pending rewind anchor if any.

@@ -182,6 +182,11 @@ class SessionWorker:
 
     # The three below read what the last `view()` caught up with.
 
+    async def resume_point(self, leaf: str) -> str:
+        """Where the CLI resumes the conversation ending at `leaf` (a copy of it when it lies
+        before a compaction). Call while no CLI process of the session runs."""
+        return await self._view.resume_point(leaf)
+
     def transcript_view(self) -> ConversationView:
         """The conversation as the transcript alone shows it, ignoring a pending cut."""
         return self._view.index().view()
