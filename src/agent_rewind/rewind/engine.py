@@ -12,6 +12,7 @@ hangs up does not cut it short.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -36,7 +37,7 @@ from agent_rewind.errors import (
     StorageUnavailable,
     WorkspaceOutsideRoot,
 )
-from agent_rewind.rewind import checkpoints, workspace
+from agent_rewind.rewind import checkpoints, side_effects, workspace
 from agent_rewind.rewind.intent import Applied, FilesBefore, Intent, SnapshotRestore
 from agent_rewind.rewind.outcome import (
     ConversationHalf,
@@ -48,6 +49,7 @@ from agent_rewind.rewind.outcome import (
     recorded,
     refuse,
 )
+from agent_rewind.rewind.side_effects import SideEffect
 from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
 from agent_rewind.sessions import workspaces
 from agent_rewind.sessions.events import FilesAnswer
@@ -101,6 +103,8 @@ class _Plan:
     now: Snapshot | None = None
     # The leaf of the conversation before the rewind (what an undo brings back).
     leaf: str | None = None
+    # What the turns it takes back did that no rewind undoes.
+    side_effects: tuple[SideEffect, ...] = ()
 
 
 # Errors that mean the rewind was tried and could not be carried out (the others refuse it
@@ -268,7 +272,8 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        return _Plan(point, files, conversation, view.last_message_id, restore, now, view.leaf)
+        effects = await asyncio.to_thread(side_effects.collect, view, point)
+        return _Plan(point, files, conversation, view.last_message_id, restore, now, view.leaf, effects)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
@@ -278,7 +283,7 @@ class RewindEngine:
             last = plan.last_message_id
             if plan.conversation.can_rewind:
                 last = worker.view_at(plan.point.anchor).last_message_id
-        return RewindOutcome("", plan.files, plan.conversation, last)
+        return RewindOutcome("", plan.files, plan.conversation, last, plan.side_effects)
 
     def _request(self, req: RewindRequest) -> NewRequest | None:
         if not req.request_id:
@@ -362,7 +367,7 @@ class RewindEngine:
         intent = Intent(
             target=plan.point.message_id,
             restores_files=req.mode.files,
-            outcome=RewindOutcome(rewind_id, plan.files, plan.conversation, ""),
+            outcome=RewindOutcome(rewind_id, plan.files, plan.conversation, "", plan.side_effects),
             anchor=anchor,
             snapshot=snapshot,
             files_before=before,
@@ -488,7 +493,7 @@ class RewindEngine:
             )
             conversation = ConversationHalf(True, False, False, 0)
             anchor = None
-        final = RewindOutcome(record.rewind_id, files, conversation, last)
+        final = RewindOutcome(record.rewind_id, files, conversation, last, intent.outcome.side_effects)
         event = NewEvent(
             kind="REWOUND",
             session_id=worker.session_id,

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent_rewind.errors import AgentRewindError, RequestIdReused
+from agent_rewind.rewind.side_effects import SideEffect
 from agent_rewind.store.ledger import Ledger, NewRequest, RewindRecord
 
 
@@ -78,9 +79,14 @@ class RewindOutcome:
     files: FilesHalf
     conversation: ConversationHalf
     last_message_id: str
+    # What the turns it takes back did that no rewind undoes (rewind/side_effects.py).
+    side_effects: tuple[SideEffect, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.side_effects:
+            del data["side_effects"]  # as earlier versions wrote it, so they read it back the same
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RewindOutcome:
@@ -102,6 +108,8 @@ class RewindOutcome:
             ),
             conversation=ConversationHalf(**{**conversation, "refusal": refusal(conversation)}),
             last_message_id=data["last_message_id"],
+            # Absent from what earlier versions wrote: none were listed then.
+            side_effects=tuple(SideEffect(**e) for e in data.get("side_effects", ())),
         )
 
 

@@ -18,14 +18,20 @@ its arguments only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agent_rewind.sessions.tools import CATALOGUE, MCP_PREFIX, Kind
+from agent_rewind.transcript.entries import RewindPoint
+from agent_rewind.transcript.tool_calls import calls_at, subagent_calls
+from agent_rewind.transcript.view import ConversationView
 
 SUMMARY_CHARS = 120
+# A result lists at most this many (oldest first): enough to warn, bounded in size.
+MAX_SIDE_EFFECTS = 1000
+_AGENT_TOOLS = frozenset(name for name, kind in CATALOGUE.items() if kind is Kind.AGENT)
 _QUERY_CHARS = 80
 _ARGUMENTS = 8  # an MCP call's argument names listed at most
 
@@ -37,6 +43,51 @@ class SideEffect:
     message_id: str  # the prompt that opened the turn (its rewind point id)
     tool: str  # the tool's name as the model called it; "Bash" for a command's network reach
     summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class Egress:
+    """Connections a turn's commands opened through the sandbox's egress proxy to one host."""
+
+    message_id: str  # the turn's prompt
+    host: str
+    port: int
+    connections: int
+
+
+def collect(
+    view: ConversationView, point: RewindPoint, egress: Iterable[Egress] = ()
+) -> tuple[SideEffect, ...]:
+    """The side effects of the turns from `point` to the end of `view`, turn by turn, oldest
+    first: their tool calls (a subagent's where the turn started it), then the hosts their
+    commands reached. Blocking (it reads the calls' lines from the transcript)."""
+    wanted = [
+        (prompt, entry)
+        for prompt, entry in view.tool_calls_from(point)
+        if any(tool in _AGENT_TOOLS or counts(tool) for tool in entry.tools)
+    ]
+    turn_of = {entry.offset: prompt for prompt, entry in wanted}
+    calls = list(calls_at(view.transcript, [entry.offset for _, entry in wanted]))
+    spawned = subagent_calls(view.transcript, [c.call_id for _, c in calls if c.name in _AGENT_TOOLS])
+    by_turn: dict[str, list[SideEffect]] = {}
+    for offset, call in calls:
+        prompt = turn_of[offset]
+        made = spawned.get(call.call_id, []) if call.name in _AGENT_TOOLS else [call]
+        for one in made:
+            if one.name not in _AGENT_TOOLS and (effect := of_tool_call(prompt, one.name, one.input)):
+                by_turn.setdefault(prompt, []).append(effect)
+    for reach in egress:
+        by_turn.setdefault(reach.message_id, []).append(
+            of_egress(reach.message_id, reach.host, reach.port, reach.connections)
+        )
+    order = [p.message_id for p in view.points[point.index :]]
+    effects = [effect for prompt in order for effect in by_turn.get(prompt, ())]
+    return tuple(effects[:MAX_SIDE_EFFECTS])
+
+
+def counts(tool: str) -> bool:
+    """Whether a call of `tool` is a side effect, whatever its input."""
+    return of_tool_call("", tool, None) is not None
 
 
 def of_tool_call(message_id: str, tool: str, tool_input: Any) -> SideEffect | None:

@@ -291,4 +291,8 @@ def rewind_result(outcome: RewindOutcome) -> rewind_pb2.RewindResult:
         files=_files(outcome.files),
         conversation=_conversation(outcome.conversation),
         last_message_id=outcome.last_message_id,
+        side_effects=[
+            rewind_pb2.SideEffect(message_id=e.message_id, tool=e.tool, summary=e.summary)
+            for e in outcome.side_effects
+        ],
     )

@@ -29,7 +29,7 @@ from typing import Any
 
 from agent_rewind.errors import MessageNotFound
 from agent_rewind.transcript.entries import COPY_OF, EntryKind, classify, is_compact_boundary, prompt_text
-from agent_rewind.transcript.reading import IndexStats, LineReader, assistant_parts, parse_line
+from agent_rewind.transcript.reading import IndexStats, LineReader, assistant_parts, parse_line, tool_names
 from agent_rewind.transcript.records import Backup, Entry, Records, backup_of
 from agent_rewind.transcript.subagents import Subagents
 from agent_rewind.transcript.view import Chain, ConversationView
@@ -136,8 +136,10 @@ class TranscriptIndex:
             and kind is not EntryKind.SUBAGENT
         )
         api_id = ""
+        tools: tuple[str, ...] = ()
         if raw.get("type") == "assistant":
             api_id, calls = assistant_parts(raw)
+            tools = tool_names(raw)
             if kind is EntryKind.ASSISTANT:
                 for call in calls:
                     store.agent_calls.setdefault(call, uuid)
@@ -160,6 +162,7 @@ class TranscriptIndex:
             compactions=(parent.compactions if parent else 0) + boundary,
             segment=offset if boundary or parent is None else parent.segment,
             copy_of=copy_of,
+            tools=tools,
         )
         store.entries[uuid] = entry
         if copy_of:

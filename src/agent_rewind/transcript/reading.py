@@ -133,17 +133,24 @@ def assistant_parts(raw: Mapping[str, Any]) -> tuple[str, list[str]]:
     if not isinstance(message, dict):
         return "", []
     api_id = message.get("id")
-    content = message.get("content")
-    calls = (
-        [
-            str(block["id"])
-            for block in content
-            if isinstance(block, dict)
-            and block.get("type") == "tool_use"
-            and block.get("name") in _AGENT_TOOLS
-            and isinstance(block.get("id"), str)
-        ]
-        if isinstance(content, list)
-        else []
-    )
+    calls = [
+        str(block["id"])
+        for block in _tool_uses(message)
+        if block.get("name") in _AGENT_TOOLS and isinstance(block.get("id"), str)
+    ]
     return (api_id if isinstance(api_id, str) else ""), calls
+
+
+def tool_names(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """The tools an assistant entry calls, in order (usually none or one)."""
+    message = raw.get("message")
+    if not isinstance(message, dict):
+        return ()
+    return tuple(str(block["name"]) for block in _tool_uses(message) if isinstance(block.get("name"), str))
+
+
+def _tool_uses(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]

@@ -39,6 +39,7 @@ class Entry:
     # The id of the entry this one is a copy of (the service's copy of a compacted conversation,
     # which the CLI can resume), "" for an entry the CLI wrote. Clients see only that id.
     copy_of: str = ""
+    tools: tuple[str, ...] = ()  # assistant entries only: the tools it calls
 
     @property
     def id(self) -> str:

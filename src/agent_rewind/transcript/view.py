@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
@@ -137,6 +138,11 @@ class ConversationView:
     def leaf_entry(self) -> Entry | None:
         return self._leaf
 
+    @property
+    def transcript(self) -> Path:
+        """The transcript file the view was read from."""
+        return self._index.path
+
     def offsets(self) -> list[int]:
         """Where the visible chain's lines are in the transcript, root first (to copy it)."""
         return [entry.offset for entry in self._chain.entries[: self._n]]
@@ -226,6 +232,19 @@ class ConversationView:
             if backup.path not in tracked and backup.path not in before:
                 before[backup.path] = backup.name
         return before
+
+    def tool_calls_from(self, point: RewindPoint) -> list[tuple[str, Entry]]:
+        """The assistant entries that call tools, from `point` to the end of the conversation,
+        each with the id of the prompt whose turn it is in (the turns a rewind to it takes back)."""
+        entry = self.find(point.message_id)
+        if entry is None:
+            raise MessageNotFound(point.message_id)
+        prompts = self._chain.prompts
+        return [
+            (prompts[e.prompts - 1].id, e)
+            for e in self._chain.entries[entry.depth : self._n]
+            if e.tools and e.kind is EntryKind.ASSISTANT
+        ]
 
     def messages_from(self, point: RewindPoint) -> int:
         """How many visible messages a conversation rewind to `point` drops (the point included)."""
