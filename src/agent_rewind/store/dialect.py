@@ -31,6 +31,7 @@ from agent_rewind.store.ledger import (
     FENCED,
     Anchor,
     EventRecord,
+    ForkOrigin,
     NewEvent,
     NewRequest,
     ReplicaRecord,
@@ -208,6 +209,11 @@ class Dialect(ABC):
             principal=row["principal"],
             workspace_snapshots=bool(row["workspace_snapshots"]),
             replica=row["replica"],
+            forked_from=(
+                ForkOrigin(row["forked_from_session"], row["forked_from_message"])
+                if row["forked_from_session"]
+                else None
+            ),
         )
 
     def _replica(self, row: Row) -> ReplicaRecord:

@@ -43,6 +43,16 @@ class SessionRecord:
     # The replica that owns it (holds its workspace and live process); "" for a session created
     # before replicas were recorded, which the only replica of its deployment owns.
     replica: str = ""
+    forked_from: ForkOrigin | None = None  # set on a session ForkSession made
+
+
+@dataclass(frozen=True)
+class ForkOrigin:
+    """Where a fork came from: its source session, and the prompt it was forked just before
+    ("" for a fork of the whole session)."""
+
+    session_id: str
+    message_id: str
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,17 @@ class NewSession:
     principal: str = ""
     workspace_snapshots: bool = False
     replica: str = ""
+    forked_from: ForkOrigin | None = None
+
+
+@dataclass(frozen=True)
+class EgressRecord:
+    """A host a turn's commands reached through the sandbox's egress proxy (a side effect)."""
+
+    session_id: str
+    prompt_id: str
+    host: str
+    port: int
 
 
 # Why a fenced replica's write is refused (ReplicaUnavailable's detail).
@@ -433,7 +454,20 @@ class Erasure(Protocol):
         ...
 
 
-class Ledger(Sessions, Requests, Cuts, Rewinds, ReplicaDirectory, SnapshotOrder, EventLog, Erasure, Protocol):
+class Egress(Protocol):
+    """The hosts each turn's commands reached: what a rewind of the turn cannot undo."""
+
+    async def record_egress(self, record: EgressRecord) -> None:
+        """Keeps that a turn's commands reached a host (again: no change)."""
+
+    async def egress(self, session_id: str) -> list[EgressRecord]:
+        """The session's, in the order first recorded."""
+        ...
+
+
+class Ledger(
+    Sessions, Requests, Cuts, Rewinds, ReplicaDirectory, SnapshotOrder, EventLog, Erasure, Egress, Protocol
+):
     """Durable state shared by everything the service does: every part above, for whoever needs
     several. Implementations: SqliteLedger and PostgresLedger, both `store/sql.py`'s SqlLedger."""
 

@@ -182,6 +182,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "ALTER TABLE sessions ADD COLUMN replica text NOT NULL DEFAULT ''",
     ),
+    # 3: where a fork came from; the hosts each turn's commands reached.
+    (
+        "ALTER TABLE sessions ADD COLUMN forked_from_session text NOT NULL DEFAULT ''",
+        "ALTER TABLE sessions ADD COLUMN forked_from_message text NOT NULL DEFAULT ''",
+        """
+        CREATE TABLE egress (
+            seq bigserial PRIMARY KEY,
+            session_id text COLLATE "C" NOT NULL,
+            prompt_id text COLLATE "C" NOT NULL,
+            host text NOT NULL,
+            port integer NOT NULL,
+            UNIQUE (session_id, prompt_id, host, port)
+        )
+        """,
+    ),
 )
 
 # What makes a call StorageUnavailable (retryable): the server lost, refused, shut down, out of

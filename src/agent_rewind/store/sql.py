@@ -15,6 +15,7 @@ from agent_rewind.errors import SessionAlreadyExists
 from agent_rewind.store.dialect import Dialect, Work, insert_statement
 from agent_rewind.store.ledger import (
     Anchor,
+    EgressRecord,
     EventRecord,
     NewEvent,
     NewRequest,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from agent_rewind.store.ledger import Ledger
 
 # What DeleteSession deletes or rewrites rows of (what a dialect cleans after it commits).
-ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "events")
+ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "events", "egress")
 
 
 class SqlLedger(Dialect):
@@ -75,6 +76,8 @@ class SqlLedger(Dialect):
                 "principal": new.principal,
                 "workspace_snapshots": new.workspace_snapshots,
                 "replica": new.replica,
+                "forked_from_session": new.forked_from.session_id if new.forked_from else "",
+                "forked_from_message": new.forked_from.message_id if new.forked_from else "",
                 **self._legacy_columns("sessions", request),
             },
         )
@@ -131,6 +134,22 @@ class SqlLedger(Dialect):
             "SELECT replica, COUNT(*) AS n FROM sessions WHERE deleted_time IS NULL GROUP BY replica"
         )
         return {r["replica"]: int(r["n"]) for r in rows}
+
+    # Egress
+
+    async def record_egress(self, record: EgressRecord) -> None:
+        await self._execute(
+            "INSERT INTO egress (session_id, prompt_id, host, port) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (session_id, prompt_id, host, port) DO NOTHING",
+            *(record.session_id, record.prompt_id, record.host, record.port),
+        )
+
+    async def egress(self, session_id: str) -> list[EgressRecord]:
+        rows = await self._rows(
+            "SELECT session_id, prompt_id, host, port FROM egress WHERE session_id = ? ORDER BY seq",
+            session_id,
+        )
+        return [EgressRecord(r["session_id"], r["prompt_id"], r["host"], int(r["port"])) for r in rows]
 
     # The replica directory (leases by the dialect's clock: the database's, where it has one)
 
@@ -474,6 +493,7 @@ class SqlLedger(Dialect):
             yield "DELETE FROM anchors WHERE session_id = ?", (session_id,)
             yield "DELETE FROM rewinds WHERE session_id = ?", (session_id,)
             yield "DELETE FROM snapshots WHERE session_id = ?", (session_id,)
+            yield "DELETE FROM egress WHERE session_id = ?", (session_id,)
             # Every request id of the session but the delete's own, recorded above.
             yield (
                 "DELETE FROM requests WHERE session_id = ? AND request_id IS DISTINCT FROM ?",

@@ -151,6 +151,19 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE sessions ADD COLUMN replica TEXT NOT NULL DEFAULT '';
     """,
+    # 6: where a fork came from; the hosts each turn's commands reached.
+    """
+    ALTER TABLE sessions ADD COLUMN forked_from_session TEXT NOT NULL DEFAULT '';
+    ALTER TABLE sessions ADD COLUMN forked_from_message TEXT NOT NULL DEFAULT '';
+    CREATE TABLE egress (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL,
+        prompt_id TEXT NOT NULL,
+        host TEXT NOT NULL,
+        port INTEGER NOT NULL,
+        UNIQUE (session_id, prompt_id, host, port)
+    );
+    """,
 )
 
 

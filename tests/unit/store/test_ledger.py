@@ -18,6 +18,8 @@ from agent_rewind import metrics
 from agent_rewind.errors import ReplicaUnavailable, SessionAlreadyExists
 from agent_rewind.store.ledger import (
     Anchor,
+    EgressRecord,
+    ForkOrigin,
     Ledger,
     NewEvent,
     NewRequest,
@@ -395,6 +397,7 @@ async def _session_with_everything(ledger: Ledger, sid: str = SID) -> None:
     )
     await _begin(ledger, f"pending-{sid}", session_id=sid)
     await ledger.add_snapshot(NewSnapshot(sid, "turn_start", "p1", "tree", True))
+    await ledger.record_egress(EgressRecord(sid, "p1", "secret.example.com", 443))
 
 
 async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(ledger: Ledger) -> None:
@@ -425,6 +428,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     assert await ledger.anchor(SID) is None
     assert await ledger.rewinds(SID) == [] and await ledger.pending_rewinds(SID) == []
     assert await ledger.snapshots(SID) == []
+    assert await ledger.egress(SID) == []
     for request_id in (f"create-{SID}", f"prompt-{SID}", f"rewind-{SID}"):
         assert await ledger.request(request_id) is None, request_id
     recorded = await ledger.request("delete-1")
@@ -438,6 +442,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     # The other session has all of it still.
     assert await ledger.anchor(OTHER) is not None
     assert len(await ledger.rewinds(OTHER)) == 2 and len(await ledger.snapshots(OTHER)) == 1
+    assert len(await ledger.egress(OTHER)) == 1
     assert await ledger.request(f"prompt-{OTHER}") is not None
     (theirs,) = [e for e in await ledger.events_after(0, OTHER)]
     assert theirs.data["files"] == {"files_changed": ["/ws/x"]}
@@ -624,3 +629,38 @@ async def test_a_session_id_taken_is_refused_the_same_way_by_every_ledger(ledger
         )
     assert await ledger.request("create-again") is None  # nothing written
     assert [s.cwd for s in await ledger.sessions()] == [f"/ws/{SID[:4]}"]
+
+
+# --- fork origins and egress ---------------------------------------------------------------------
+
+
+async def test_a_fork_keeps_where_it_came_from(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    origin = ForkOrigin(SID, "9d1e5c3a-7b8c-4d9e-8f01-2a3b4c5d6e7f")
+    made = await ledger.add_session(_session(OTHER, forked_from=origin))
+    assert made.forked_from == origin
+    assert (await ledger.session(OTHER)) == made
+    assert (await ledger.session(SID)) is not None and (await ledger.session(SID)).forked_from is None  # type: ignore[union-attr]
+    assert {r.session_id: r.forked_from for r in await ledger.sessions()} == {SID: None, OTHER: origin}
+    whole = await ledger.add_session(
+        _session("2d9f5e30-7cae-4f80-9b32-4c5d6e7f8091", forked_from=ForkOrigin(SID, ""))
+    )
+    assert whole.forked_from == ForkOrigin(SID, "")
+
+
+async def test_egress_is_kept_per_turn_and_host_once_in_the_order_first_seen(ledger: Ledger) -> None:
+    await ledger.add_session(_session())
+    await ledger.add_session(_session(OTHER))
+    seen = [
+        EgressRecord(SID, "p1", "pypi.org", 443),
+        EgressRecord(SID, "p1", "files.pythonhosted.org", 443),
+        EgressRecord(SID, "p1", "pypi.org", 443),  # again: kept once
+        EgressRecord(SID, "p2", "pypi.org", 443),
+        EgressRecord(SID, "p2", "pypi.org", 80),
+        EgressRecord(OTHER, "q1", "example.com", 443),
+    ]
+    for record in seen:
+        await ledger.record_egress(record)
+    assert await ledger.egress(SID) == [seen[0], seen[1], seen[3], seen[4]]
+    assert await ledger.egress(OTHER) == [seen[5]]
+    assert await ledger.egress("3e0a6f41-8dbf-4091-8c43-5d6e7f8091a2") == []
