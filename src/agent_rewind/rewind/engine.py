@@ -272,7 +272,13 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        effects = await asyncio.to_thread(side_effects.collect, view, point)
+        dropped = {p.message_id for p in view.points[point.index :]}
+        egress = [
+            side_effects.Egress(r.prompt_id, r.host, r.port)
+            for r in await self._ledger.egress(worker.session_id)
+            if r.prompt_id in dropped
+        ]
+        effects = await asyncio.to_thread(side_effects.collect, view, point, egress)
         return _Plan(point, files, conversation, view.last_message_id, restore, now, view.leaf, effects)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:

@@ -47,12 +47,11 @@ class SideEffect:
 
 @dataclass(frozen=True, slots=True)
 class Egress:
-    """Connections a turn's commands opened through the sandbox's egress proxy to one host."""
+    """A host a turn's commands reached through the sandbox's egress proxy."""
 
     message_id: str  # the turn's prompt
     host: str
     port: int
-    connections: int
 
 
 def collect(
@@ -77,9 +76,7 @@ def collect(
             if one.name not in _AGENT_TOOLS and (effect := of_tool_call(prompt, one.name, one.input)):
                 by_turn.setdefault(prompt, []).append(effect)
     for reach in egress:
-        by_turn.setdefault(reach.message_id, []).append(
-            of_egress(reach.message_id, reach.host, reach.port, reach.connections)
-        )
+        by_turn.setdefault(reach.message_id, []).append(of_egress(reach.message_id, reach.host, reach.port))
     order = [p.message_id for p in view.points[point.index :]]
     effects = [effect for prompt in order for effect in by_turn.get(prompt, ())]
     return tuple(effects[:MAX_SIDE_EFFECTS])
@@ -111,11 +108,10 @@ def of_tool_call(message_id: str, tool: str, tool_input: Any) -> SideEffect | No
     return SideEffect(message_id, tool, _cut(summary))
 
 
-def of_egress(message_id: str, host: str, port: int, connections: int) -> SideEffect:
+def of_egress(message_id: str, host: str, port: int) -> SideEffect:
     """A host the turn's commands reached through the sandbox's egress proxy."""
-    times = "once" if connections == 1 else f"{connections} times"
     target = f"[{host}]" if ":" in host else host
-    return SideEffect(message_id, "Bash", _cut(f"a command reached {target}:{port} ({times})"))
+    return SideEffect(message_id, "Bash", _cut(f"a command reached {target}:{port}"))
 
 
 def _url(value: Any) -> str:

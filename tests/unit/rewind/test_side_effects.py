@@ -60,9 +60,9 @@ def test_a_tool_the_catalogue_does_not_know_counts_failing_closed() -> None:
     assert effect is not None and "does not know" in effect.summary
 
 
-def test_egress_counts_connections_and_brackets_v6_hosts() -> None:
-    assert of_egress("p", "pypi.org", 443, 1).summary == "a command reached pypi.org:443 (once)"
-    assert of_egress("p", "2001:db8::1", 80, 3).summary == "a command reached [2001:db8::1]:80 (3 times)"
+def test_egress_names_the_host_and_port_and_brackets_v6_hosts() -> None:
+    assert of_egress("p", "pypi.org", 443).summary == "a command reached pypi.org:443"
+    assert of_egress("p", "2001:db8::1", 80).summary == "a command reached [2001:db8::1]:80"
 
 
 @given(tool=st.text(max_size=300), value=st.text(max_size=500))
@@ -117,7 +117,7 @@ def test_collect_lists_the_calls_from_the_point_on_turn_by_turn_with_subagents_a
     view = index.view()
     point = view.resolve(p1)
 
-    effects = collect(view, point, [Egress(p1, "pypi.org", 443, 2), Egress(p2, "example.com", 80, 1)])
+    effects = collect(view, point, [Egress(p1, "pypi.org", 443), Egress(p2, "example.com", 80)])
 
     assert [(e.message_id, e.tool) for e in effects] == [
         (p1, "WebFetch"),
