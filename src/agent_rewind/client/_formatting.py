@@ -137,11 +137,20 @@ def format_session(session: session_pb2.Session) -> str:
             ("last_message_id", session.last_message_id or "-"),
             ("file_checkpointing", yes_no(session.file_checkpointing)),
             ("snapshots", _snapshots(session)),
+            *_origin(session),
             ("created", format_time(session.create_time)),
             ("updated", format_time(session.update_time)),
             ("options", options),
         ]
     )
+
+
+def _origin(session: session_pb2.Session) -> list[tuple[str, str]]:
+    """`forked_from` for a fork: its source, and the prompt it was forked before (or `whole`)."""
+    if not session.HasField("forked_from"):
+        return []
+    origin = session.forked_from
+    return [("forked_from", f"{origin.session_id} before {origin.message_id or '- (the whole session)'}")]
 
 
 def format_sessions(sessions: Sequence[session_pb2.Session]) -> str:

@@ -92,6 +92,13 @@ def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Sessio
         options=_struct(shown_options(record.options)),
         workspace_snapshots=record.workspace_snapshots,
         replica=worker.replica,
+        forked_from=(
+            session_pb2.ForkOrigin(
+                session_id=record.forked_from.session_id, message_id=record.forked_from.message_id
+            )
+            if record.forked_from is not None
+            else None
+        ),
     )
 
 

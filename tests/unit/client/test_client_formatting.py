@@ -252,6 +252,17 @@ def test_session_block() -> None:
     ]
 
 
+def test_a_fork_shows_where_it_came_from() -> None:
+    def origin_lines(**origin: str) -> list[str]:
+        session = make_session()
+        session.forked_from.CopyFrom(session_pb2.ForkOrigin(**origin))
+        return [x for x in format_session(session).splitlines() if x.startswith("forked_from")]
+
+    assert origin_lines(session_id="src-1", message_id="m-2") == ["forked_from         src-1 before m-2"]
+    assert origin_lines(session_id="src-1") == ["forked_from         src-1 before - (the whole session)"]
+    assert not [x for x in format_session(make_session()).splitlines() if x.startswith("forked_from")]
+
+
 def test_session_block_shows_what_its_workspace_snapshots_hold() -> None:
     def snapshots_line(**fields: Any) -> str:
         (line,) = [x for x in format_session(session_pb2.Session(**fields)).splitlines() if "snapshots" in x]
