@@ -530,12 +530,15 @@ async def _make(
         snapshot_retention=config.snapshot_retention,
         replica_id=config.replica_id,
     )
-    registry = SessionRegistry(config, ledger, ctx, publish=hub.publish)
     membership = Membership(ledger, config.replica_id, config.advertise_address, config.replica_lease)
-    forwarder: Forwarder | None = None
+    owners: Owners | None = None
     if config.database_url:  # a shared ledger: other replicas may own sessions
-        owners = Owners(ledger, membership, registry.workers.__contains__, config.placement)
-        registry.owners = owners
+        owners = Owners(
+            ledger, membership, lambda session_id: session_id in registry.workers, config.placement
+        )
+    registry = SessionRegistry(config=config, ledger=ledger, ctx=ctx, publish=hub.publish, owners=owners)
+    forwarder: Forwarder | None = None
+    if owners is not None:
         secret = (await ledger.secret("replica_forwarding")).hex()
         authenticator.replica_secret = secret
         forwarder = Forwarder(
