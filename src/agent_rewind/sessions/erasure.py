@@ -34,7 +34,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -45,7 +45,15 @@ from agent_rewind.errors import AgentRewindError, RequestIdReused, SessionNotFou
 from agent_rewind.replicas import Elsewhere, Owners
 from agent_rewind.sessions import requests
 from agent_rewind.sessions.snapshotting import Snapshots, repository, snapshots_dir
-from agent_rewind.store.ledger import EventRecord, Ledger, NewEvent, NewRequest, RequestIdTaken, dumps
+from agent_rewind.store.ledger import (
+    Erasure,
+    EventRecord,
+    NewEvent,
+    NewRequest,
+    RequestIdTaken,
+    Requests,
+    dumps,
+)
 
 if TYPE_CHECKING:
     from agent_rewind.sessions.worker import SessionWorker
@@ -183,6 +191,10 @@ def remove_workspace(cwd: str, roots: Iterable[Path]) -> bool:
     return True
 
 
+class Tombstones(Requests, Erasure, Protocol):
+    """What a deletion writes and reads of the ledger: its request id, the tombstone."""
+
+
 class Deletions:
     """DeleteSession for one registry (docs/sessions.md, "Deleting a session").
 
@@ -199,7 +211,7 @@ class Deletions:
         self,
         *,
         config: Config,
-        ledger: Ledger,
+        ledger: Tombstones,
         claude_config_dir: Path,
         snapshots: Snapshots | None,
         replica_id: str,

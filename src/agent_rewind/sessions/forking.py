@@ -34,7 +34,8 @@ from agent_rewind.errors import FilesUnavailable, SnapshotUnavailable
 from agent_rewind.sessions.requests import NewSessionRequest
 from agent_rewind.sessions.snapshotting import Snapshots, repository
 from agent_rewind.snapshots import EMPTY_TREE, RestoreError, SnapshotStore
-from agent_rewind.store.ledger import Ledger, SnapshotRecord
+from agent_rewind.store.ledger import Sessions as StoredSessions
+from agent_rewind.store.ledger import SnapshotRecord
 from agent_rewind.transcript.paths import transcript_path
 
 if TYPE_CHECKING:
@@ -124,7 +125,12 @@ class Forks:
     """ForkSession for one registry (`sessions`)."""
 
     def __init__(
-        self, *, ledger: Ledger, snapshots: Snapshots | None, claude_config_dir: Path, sessions: Sessions
+        self,
+        *,
+        ledger: StoredSessions,
+        snapshots: Snapshots | None,
+        claude_config_dir: Path,
+        sessions: Sessions,
     ) -> None:
         self._ledger = ledger
         self._snapshots = snapshots

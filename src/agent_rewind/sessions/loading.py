@@ -13,18 +13,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions import workspaces
-from agent_rewind.store.ledger import Ledger, SessionRecord
+from agent_rewind.store.ledger import Erasure, SessionRecord, Sessions
 
 if TYPE_CHECKING:
     from agent_rewind.sessions.worker import SessionWorker
 
 log = structlog.get_logger(__name__)
+
+
+class Stored(Sessions, Erasure, Protocol):
+    """What loading reads of the ledger: the sessions, and the tombstones of deleted ones."""
+
 
 # Finishes a deleted session's erasure: (session id, what its tombstone says remains to erase).
 Finish = Callable[[str, Mapping[str, Any]], Awaitable[None]]
@@ -54,7 +59,7 @@ def servable(
 
 
 async def load(
-    ledger: Ledger,
+    ledger: Stored,
     *,
     replica_id: str,
     embedded: bool,
@@ -77,7 +82,7 @@ async def load(
 
 
 async def adopt(
-    ledger: Ledger,
+    ledger: Stored,
     session_ids: list[str],
     *,
     held: Callable[[str], bool],

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_rewind.errors import RequestIdReused
-from agent_rewind.store.ledger import Ledger, NewRequest, RequestRecord, dumps
+from agent_rewind.store.ledger import NewRequest, RequestRecord, Requests, dumps
 
 
 def check(recorded: RequestRecord, request: NewRequest, *, new_session: bool = False) -> RequestRecord:
@@ -31,7 +31,7 @@ def check(recorded: RequestRecord, request: NewRequest, *, new_session: bool = F
 
 
 async def recorded(
-    ledger: Ledger, request: NewRequest | None, *, new_session: bool = False
+    ledger: Requests, request: NewRequest | None, *, new_session: bool = False
 ) -> RequestRecord | None:
     """The call this request id was recorded for, if any (and it is this call: `check`)."""
     if request is None:
