@@ -6,20 +6,33 @@ CLI's checkpoints serve files rewinds)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import gc
 import os
 import shutil
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent_rewind import components, server
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_service_pb2
+from agent_rewind.events import EventHub
+from agent_rewind.replicas import Membership
+from agent_rewind.rewind.engine import RewindEngine
+from agent_rewind.sandbox.proxy import EgressProxy
 from agent_rewind.server import StartError, start
+from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.server_process import ServerProcess
 from tests.integration.harness import FILES, prompt_id, read, serve
 from tests.integration.harness import test_config as config_of
+from tests.pgserver_fixture import PostgresServer
 
 
 async def test_a_second_server_on_a_state_dir_in_use_stops_naming_the_holder(tmp_path: Path) -> None:
@@ -140,3 +153,136 @@ async def test_a_start_that_fails_after_opening_the_ledger_leaves_nothing_open(t
         assert _open_things() == before
     async with serve(tmp_path / "state") as c:
         assert (await c.create()).session_id
+
+
+class Refused(Exception):
+    """What a start step raises in the tests below, instead of doing its work."""
+
+
+def _refuse(*args: Any, **kwargs: Any) -> Any:
+    raise Refused()
+
+
+async def _refuse_later(*args: Any, **kwargs: Any) -> Any:
+    raise Refused()
+
+
+def _serving_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gRPC server is bound as usual, and refuses to start serving."""
+    listen = components.listen
+
+    def refusing(*args: Any) -> Any:
+        listening = listen(*args)
+        monkeypatch.setattr(listening, "serve", _refuse_later)
+        return listening
+
+    monkeypatch.setattr(components, "listen", refusing)
+
+
+# Each step of a start, in order, and how the test makes it fail (instead of doing its work).
+START_STEPS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "the sandbox's egress proxy": lambda m: m.setattr(EgressProxy, "start", _refuse_later),
+    "the scripted model": lambda m: m.setattr(components, "ScriptedModel", _refuse),
+    "the ledger": lambda m: m.setattr(SqliteLedger, "open", _refuse_later),
+    "the event hub": lambda m: m.setattr(EventHub, "start", _refuse_later),
+    "the snapshot threads": lambda m: m.setattr(components, "Snapshots", _refuse),
+    "the port": lambda m: m.setattr(components, "listen", _refuse),
+    "the rewind engine": lambda m: m.setattr(server, "RewindEngine", _refuse),
+    "the directory's entry": lambda m: m.setattr(server, "Membership", _refuse),
+    "the registry": lambda m: m.setattr(server, "SessionRegistry", _refuse),
+    "the services": lambda m: m.setattr(server, "RewindServicer", _refuse),
+    "the side ports": lambda m: m.setattr(components.SidePorts, "start", _refuse_later),
+    "joining the directory": lambda m: m.setattr(Membership, "join", _refuse_later),
+    "loading the sessions": lambda m: m.setattr(SessionRegistry, "load", _refuse_later),
+    "recovering interrupted rewinds": lambda m: m.setattr(RewindEngine, "recover", _refuse_later),
+    "serving": _serving_refused,
+    "the chores": lambda m: m.setattr(components, "start_chores", _refuse),
+}
+# With a shared ledger (PostgreSQL), the steps only it has, and the last one.
+SHARED_STEPS = ("the channels to other replicas", "the chores")
+START_STEPS["the channels to other replicas"] = lambda m: m.setattr(components, "Forwarder", _refuse)
+
+
+def _listening_ports() -> set[int]:
+    """The TCP ports this process listens on (its sockets in /proc/net/tcp*, state LISTEN)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # (the listing's own, closed since)
+            mine.add(os.readlink(f"/proc/self/fd/{fd}"))
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and f"socket:[{fields[9]}]" in mine:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _settled() -> tuple[list[str], int]:
+    """`_open_things` once what the garbage collector may still close is collected (a failed
+    start's traceback holds its frames, and so what they opened, until then)."""
+    gc.collect()
+    return _open_things()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _stray_tasks(before: set[asyncio.Task[Any]]) -> list[str]:
+    return sorted(t.get_name() for t in asyncio.all_tasks() if not t.done() and t not in before)
+
+
+async def _nothing_left_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, **overrides: Any
+) -> None:
+    # Every part a start may open is opened: the egress proxy, snapshots, both side ports.
+    settings: dict[str, Any] = {
+        "sandbox_allow_hosts": ("example.com",),
+        "workspace_snapshots": True,
+        "metrics_listen": "127.0.0.1:0",
+        "health_listen": "127.0.0.1:0",
+        **overrides,
+    }
+    async with serve(tmp_path / "warm", **settings):
+        pass  # grpc's and asyncio's own threads, made once per process
+    before, ports, tasks = _settled(), _listening_ports(), set(asyncio.all_tasks())
+    with monkeypatch.context() as patched:
+        START_STEPS[step](patched)
+        with pytest.raises(Refused):
+            await start(config_of(tmp_path / "state", **settings))
+    # A thread pool shut down without waiting has its workers end just after.
+    for _ in range(100):
+        if _settled() == before and not _stray_tasks(tasks):
+            break
+        await asyncio.sleep(0.05)
+    assert _open_things() == before, "no thread (the ledger's, the scripted model's) nor descriptor left"
+    assert not _stray_tasks(tasks)
+    assert not any(t.name == "scripted-model" for t in threading.enumerate())
+    assert not (tmp_path / "state" / "proxy.sock").exists(), "the egress proxy is closed"
+    assert _listening_ports() == ports, "no port (gRPC's, the side ports, the scripted model's) is held"
+    with open(tmp_path / "state" / "server.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the state dir is free for the next start
+
+
+@pytest.mark.parametrize("step", [s for s in START_STEPS if s != "the channels to other replicas"])
+async def test_a_start_that_fails_at_any_step_leaves_nothing_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Whichever step of a start fails, everything the steps before it opened is closed again:
+    no thread, descriptor, task or port of it is left, the scripted model and the egress proxy
+    are stopped, and the state dir is free."""
+    await _nothing_left_open(tmp_path, monkeypatch, step)
+
+
+@pytest.mark.parametrize("step", SHARED_STEPS)
+async def test_a_replica_whose_start_fails_at_any_step_leaves_nothing_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres: PostgresServer, step: str
+) -> None:
+    """The same with a shared ledger: its connection pool and the channels to the other
+    replicas are closed too."""
+    database = postgres.url(postgres.create_database())
+    await _nothing_left_open(tmp_path, monkeypatch, step, database_url=database)

@@ -13,19 +13,35 @@ after the call, so prompts and rewinds on one never show in the other.
 
 The fork keeps no file history of the source: its points from before the fork can be rewound in
 conversation, and its files only back to where it began.
+
+`Forks.fork` does it, the source's lock held meanwhile; the functions below are its steps on disk.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from agent_rewind.errors import SnapshotUnavailable
-from agent_rewind.snapshots import EMPTY_TREE, SnapshotStore
-from agent_rewind.store.ledger import SnapshotRecord
+import structlog
+
+from agent_rewind import tasks
+from agent_rewind.errors import FilesUnavailable, SnapshotUnavailable
+from agent_rewind.sessions.requests import NewSessionRequest
+from agent_rewind.sessions.snapshotting import Snapshots, repository
+from agent_rewind.snapshots import EMPTY_TREE, RestoreError, SnapshotStore
+from agent_rewind.store.ledger import ForkOrigin, SnapshotRecord
+from agent_rewind.store.ledger import Sessions as StoredSessions
+from agent_rewind.transcript.paths import transcript_path
+
+if TYPE_CHECKING:
+    from agent_rewind.sessions.worker import SessionWorker
+
+log = structlog.get_logger(__name__)
 
 _TURN_START = "turn_start"
 
@@ -87,3 +103,102 @@ def restore_into(store: SnapshotStore, tree: str, workspace: Path) -> None:
 def copy_workspace(source: Path, target: Path) -> None:
     """The source workspace as it is now, symlinks copied as links."""
     shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+
+
+class Sessions(Protocol):
+    """What a fork needs of the registry it adds the fork to."""
+
+    async def create(self, req: NewSessionRequest) -> SessionWorker:
+        """A new session, as CreateSession makes it (a retry: the one the first call made)."""
+        ...
+
+    async def forget(self, session_id: str) -> None:
+        """Drops a new session whose files could not be filled."""
+        ...
+
+    async def start(self, worker: SessionWorker) -> None:
+        """Starts a new session's CLI."""
+        ...
+
+
+class Forks:
+    """ForkSession for one registry (`sessions`)."""
+
+    def __init__(
+        self,
+        *,
+        ledger: StoredSessions,
+        snapshots: Snapshots | None,
+        claude_config_dir: Path,
+        sessions: Sessions,
+    ) -> None:
+        self._ledger = ledger
+        self._snapshots = snapshots
+        self._claude_config_dir = claude_config_dir
+        self._sessions = sessions
+
+    async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
+        """A new session whose conversation and files are the source's just before `message_id`
+        (empty: as they are now). The source's lock is held meanwhile, so no turn changes it
+        while it is copied; it is otherwise untouched. The work runs in a task of its own: a
+        caller that hangs up midway leaves a whole fork, not half."""
+        return await tasks.shielded(self._fork(source, message_id, req), name=f"fork-{source.session_id}")
+
+    async def _fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
+        snapshots = self._snapshots
+        async with source.exclusive():
+            view = await source.view()
+            tree: str | None = None
+            at = ""  # the prompt forked before: "" for the whole session
+            if message_id:
+                point = view.resolve(message_id)
+                at = point.message_id
+                leaf = point.anchor or None
+                if snapshots is None or not source.record.workspace_snapshots:
+                    raise SnapshotUnavailable(
+                        point.message_id, "off", "the session takes no workspace snapshots"
+                    )
+                tree = start_tree(await snapshots.records(source.session_id), point.message_id)
+            else:
+                leaf = view.leaf
+            offsets = source.view_at(leaf).offsets() if leaf else []
+            worker = await self._sessions.create(
+                dataclasses.replace(
+                    req,
+                    options=dict(source.record.options),
+                    checkpointing=source.record.checkpointing,
+                    workspace_snapshots=source.record.workspace_snapshots,
+                    forked_from=ForkOrigin(source.session_id, at),
+                )
+            )
+            if worker.record.started:
+                return worker  # a retry (same request_id) of a fork already made
+            cwd = Path(worker.record.cwd)
+            try:
+                if tree is not None and snapshots is not None:
+                    store = SnapshotStore(repository(snapshots.root, source.session_id), cwd)
+                    await snapshots.run(lambda: restore_into(store, tree, cwd))
+                else:
+                    await asyncio.to_thread(copy_workspace, Path(source.record.cwd), cwd)
+                if offsets:
+                    target = transcript_path(self._claude_config_dir, str(cwd), worker.session_id)
+                    await asyncio.to_thread(
+                        write_transcript,
+                        source.transcript_file,
+                        target,
+                        offsets,
+                        worker.session_id,
+                        str(cwd),
+                        source.record.cwd,
+                    )
+                    await self._ledger.touch_session(worker.session_id, started=True)
+                    worker.record = dataclasses.replace(worker.record, started=True)
+            except RestoreError as err:
+                await self._sessions.forget(worker.session_id)
+                raise FilesUnavailable(f"the fork's workspace could not be filled: {err}") from err
+            except Exception:
+                await self._sessions.forget(worker.session_id)
+                raise
+        log.info("session forked", source=source.session_id, fork=worker.session_id, at=message_id or "now")
+        await self._sessions.start(worker)
+        return worker

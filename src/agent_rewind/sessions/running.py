@@ -24,6 +24,7 @@ from agent_rewind.errors import (
     StorageUnavailable,
     TurnInFlight,
 )
+from agent_rewind.sessions import requests
 from agent_rewind.sessions.adapter import AgentClient, AgentError
 from agent_rewind.sessions.events import PromptEvent, ResultEvent
 from agent_rewind.sessions.snapshotting import TURN_END, TURN_START
@@ -87,8 +88,9 @@ class TurnRunner:
         except RequestIdTaken as taken:
             w.status.release()
             self._turn = previous
-            if request is None or not taken.existing.same_call(request):
+            if request is None:
                 raise RequestIdReused(request_id) from None
+            requests.check(taken.existing, request)
             raise TurnInFlight(w.session_id) from None  # a concurrent retry won the race
         except BaseException:
             w.status.release()
@@ -105,11 +107,9 @@ class TurnRunner:
         """The turn a request id already started, if any (in memory, or recorded)."""
         sid = self._worker.session_id
         known = self._by_request.get(request.request_id)
-        recorded = await self._ctx.ledger.request(request.request_id)
+        recorded = await requests.recorded(self._ctx.ledger, request)
         if recorded is None:
             return None
-        if not recorded.same_call(request):
-            raise RequestIdReused(request.request_id)
         if known is not None:
             return known
         if recorded.done and recorded.result is not None:

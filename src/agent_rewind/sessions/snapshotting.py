@@ -42,6 +42,16 @@ MAX_WATCHED = 48
 COLLECT_AFTER = 16
 
 
+def snapshots_dir(state_dir: Path) -> Path:
+    """Where the sessions' snapshot repositories lie: `<state-dir>/snapshots/`."""
+    return state_dir / "snapshots"
+
+
+def repository(root: Path, session_id: str) -> Path:
+    """A session's snapshot repository under `root`: a bare git repository of its own."""
+    return root / f"{session_id}.git"
+
+
 class Snapshots:
     """Every session's snapshot store, under one directory of the state dir."""
 
@@ -70,7 +80,7 @@ class Snapshots:
     def store(self, session_id: str, cwd: str) -> SnapshotStore:
         found = self._stores.get(session_id)
         if found is None:
-            found = SnapshotStore(self.root / f"{session_id}.git", Path(cwd), self.limits, watch=self.watch)
+            found = SnapshotStore(repository(self.root, session_id), Path(cwd), self.limits, watch=self.watch)
             self._stores[session_id] = found
         return found
 
@@ -180,7 +190,7 @@ class Snapshots:
         cached = self._bytes.get(session_id)
         if cached is not None and cached[0] == key:
             return cached[1]
-        path = self.root / f"{session_id}.git"
+        path = repository(self.root, session_id)
         size = await self.run(lambda: directory_bytes(path))
         self._bytes[session_id] = (key, size)
         return size
@@ -207,7 +217,7 @@ class Snapshots:
         self._bytes.pop(session_id, None)
         self._stop_watching(session_id)
         self._stores.pop(session_id, None)
-        path = self.root / f"{session_id}.git"
+        path = repository(self.root, session_id)
         await self.run(lambda: shutil.rmtree(path, ignore_errors=True))
 
     def close(self) -> None:

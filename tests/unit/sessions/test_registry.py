@@ -41,7 +41,7 @@ async def _registry(
     cfg = Config(state_dir=tmp_path, **config).resolved()  # type: ignore[arg-type]
     ledger = await SqliteLedger.open(cfg.ledger_path)
     ctx = WorkerContext(ledger, _factory, {}, cfg.claude_config_dir, 0)  # type: ignore[arg-type]
-    return SessionRegistry(cfg, ledger, ctx, publish=publish), ledger
+    return SessionRegistry(config=cfg, ledger=ledger, ctx=ctx, publish=publish), ledger
 
 
 async def test_options_an_older_version_stored_are_checked_again_at_load(tmp_path: Path) -> None:

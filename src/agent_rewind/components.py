@@ -1,0 +1,441 @@
+"""What the server is made of, each part opened by one function here that puts the part's close
+on the start's exit stack (`made`) as it opens it.
+
+`server.start` calls them in order, handing each what it needs and passing every callback to a
+constructor (nothing is set on a part once it is made). A start that fails at any step thus
+closes, latest first, whatever the steps before it opened, and leaves an embedding process (or
+a retry) no thread, connection or port of it; a running server's stop unwinds the same stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2_grpc
+
+from agent_rewind import metrics
+from agent_rewind.config import Config
+from agent_rewind.errors import StorageUnavailable
+from agent_rewind.events import EventHub
+from agent_rewind.metrics import MetricsServer
+from agent_rewind.replicas import Owners
+from agent_rewind.rpc.forwarding import Forwarder
+from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, environment
+from agent_rewind.sandbox.commands import private_directories, session_dir
+from agent_rewind.sandbox.proxy import EgressProxy, HostPattern, HostPatternError
+from agent_rewind.sessions import options as session_options
+from agent_rewind.sessions.adapter import AgentClient, ClientSpec, SdkAgentClient
+from agent_rewind.sessions.live import LiveSlots
+from agent_rewind.sessions.policy import ToolPolicy
+from agent_rewind.sessions.process import ClientFactory
+from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.sessions.snapshotting import Snapshots, snapshots_dir
+from agent_rewind.snapshots import Limits
+from agent_rewind.snapshots import git as snapshot_git
+from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
+from agent_rewind.store.sqlite import SqliteLedger
+from agent_rewind.testing.scripted_model import ScriptedModel
+
+log = structlog.get_logger(__name__)
+
+Made = contextlib.AsyncExitStack
+
+# The largest request the server reads: a prompt is at most 512 KiB of text (rpc/requests.py).
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+
+
+class StartError(Exception):
+    """The server cannot start with this configuration; the message says why. A usage error
+    (a flag this host cannot honour) exits 2, like a bad flag."""
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, str]:
+    """The environment of every CLI process: an allowlist of the service's (sandbox/environment.py).
+
+    With the offline model, no ANTHROPIC_* variable of the service's environment is passed on,
+    so a stray key or gateway can never change where the CLI sends requests.
+    """
+    return environment.cli_environment(
+        os.environ,
+        config_dir=str(config.claude_config_dir),
+        home=str(config.state_dir / "home"),
+        offline_model_url=model.base_url if model is not None else None,
+        extra=config.extra_env,
+    )
+
+
+def service_files(config: Config) -> list[Path]:
+    """The service's own files and directories, which no command of an agent may read."""
+    files = [config.access_file, config.tls_cert, config.tls_key, config.tls_client_ca, config.replica_ca]
+    files.append(config.database_password_file)
+    return [config.state_dir, *config.workspace_roots, *(f for f in files if f is not None)]
+
+
+async def open_sandbox(made: Made, config: Config) -> tuple[CommandSandbox | None, EgressProxy | None]:
+    """The command sandbox (and, with allowed hosts, its egress proxy), checked to work here."""
+    if config.sandbox == "off":
+        log.warning(
+            "sandbox off (--sandbox off): the agent's commands run unconfined, as the service's "
+            "user, with its files and network"
+        )
+        return None, None
+    try:
+        patterns = [HostPattern.parse(h) for h in config.sandbox_allow_hosts]
+    except HostPatternError as err:
+        raise StartError(f"--sandbox-allow-host: {err}", usage=True) from err
+    root = config.sessions_dir
+    try:
+        sandbox = CommandSandbox.find(root, need_socat=bool(patterns), hidden=service_files(config))
+        await asyncio.to_thread(sandbox.probe)
+    except SandboxUnavailable as err:
+        raise StartError(str(err), usage=True) from err
+    if not patterns:
+        log.info("sandbox on: commands confined, no network")
+        return sandbox, None
+    proxy = EgressProxy(config.state_dir / "proxy.sock", patterns)
+    made.push_async_callback(proxy.close)
+    await proxy.start()
+    log.info(
+        "sandbox on: commands confined, network only to the allowed hosts", hosts=[str(p) for p in patterns]
+    )
+    return dataclasses.replace(sandbox, proxy_socket=proxy.socket_path), proxy
+
+
+def start_model(made: Made, backend: str) -> ScriptedModel | None:
+    """The offline scripted model, when it is the backend."""
+    if backend != "offline":
+        log.info("model backend", backend=backend)
+        return None
+    model = ScriptedModel().start()
+    made.callback(model.stop)
+    log.warning(
+        "model backend: the offline SCRIPTED model, not Claude; for the real API pass --model anthropic"
+        " with a credential",
+        scripted_model=model.base_url,
+    )
+    return model
+
+
+async def open_ledger(made: Made, config: Config) -> Ledger:
+    """The SQLite file in the state dir, or PostgreSQL with --database-url; the events past their
+    retention dropped."""
+    try:
+        ledger = await _open_ledger(config)
+    except (SchemaTooNew, StorageUnavailable, ImportError, StartError) as err:
+        raise err if isinstance(err, StartError) else StartError(str(err)) from err
+    made.push_async_callback(ledger.close)
+    try:
+        await _trim_events(ledger, config)
+    except Exception as err:
+        log.warning("could not drop old events", error=str(err))
+    return ledger
+
+
+async def _open_ledger(config: Config) -> Ledger:
+    if not config.database_url:
+        return await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
+    try:
+        from agent_rewind.store.postgres import PostgresLedger
+    except ImportError as err:
+        raise ImportError(
+            f"--database-url needs the PostgreSQL driver: pip install 'agent-rewind[postgres]' ({err})"
+        ) from err
+    password = None
+    if config.database_password_file is not None:
+        try:
+            password = config.database_password_file.read_text().splitlines()[0].strip()
+        except (OSError, IndexError, UnicodeDecodeError) as err:
+            raise StartError(f"--database-password-file {config.database_password_file}: {err}") from err
+    ledger = await PostgresLedger.open(
+        config.database_url, lock_timeout=config.ledger_busy_timeout, password=password
+    )
+    log.info("ledger", backend="postgresql")
+    return ledger
+
+
+async def start_events(made: Made, ledger: Ledger, config: Config) -> EventHub:
+    """The event hub, following the ledger's event log."""
+    hub = EventHub(ledger, max_lag=config.watcher_buffer)
+    made.push_async_callback(hub.close)
+    await hub.start()
+    return hub
+
+
+def open_snapshots(made: Made, config: Config, ledger: Ledger) -> Snapshots | None:
+    """Workspace snapshots and their threads. A capability is what works on this host now:
+    without git there are none (new sessions take none, GetCapabilities says so, and the CLI's
+    checkpoints serve files rewinds)."""
+    missing = snapshot_git.available()
+    if missing is not None:
+        log.warning("workspace snapshots are off: " + missing)
+        return None
+    limits = Limits(
+        max_file_bytes=config.snapshot_max_file_bytes,
+        max_total_bytes=config.snapshot_max_bytes,
+        timeout_s=config.snapshot_timeout,
+    )
+    snapshots = Snapshots(snapshots_dir(config.state_dir), ledger, limits, watch=config.snapshot_watch)
+    made.callback(snapshots.close)
+    return snapshots
+
+
+def default_factory(
+    config: Config, sandbox: CommandSandbox | None = None, proxy: EgressProxy | None = None
+) -> ClientFactory:
+    def make(spec: ClientSpec) -> AgentClient:
+        policy = ToolPolicy(spec.cwd, spec.options.get("allowed_tools") or ())
+        if proxy is not None:
+            proxy.narrow(spec.session_id, session_options.sandbox_hosts(spec.options))
+        # Its own temporary, scratch and runtime directories (erased with it), and with the
+        # sandbox on, the program that confines its commands.
+        own = (
+            sandbox.prepare(
+                spec.session_id,
+                spec.cwd,
+                proxy=proxy is not None,
+                proxy_url=proxy.url(spec.session_id) if proxy is not None else "",
+            )
+            if sandbox is not None
+            else private_directories(session_dir(config.sessions_dir, spec.session_id))
+        )
+        spec = dataclasses.replace(spec, env={**spec.env, **own.environment()})
+        return SdkAgentClient(spec, policy, connect_timeout=config.connect_timeout)
+
+    return make
+
+
+def ping_ms(config: Config) -> int:
+    """How often a replica pings another while a call forwarded to it is open: a third of the lease."""
+    return max(1000, int(config.replica_lease * 1000 / 3))
+
+
+class Listening:
+    """The gRPC server, bound to --listen, and whether it serves yet."""
+
+    def __init__(self, server: grpc.aio.Server, port: int) -> None:
+        self.server = server
+        self.port = port
+        self._serving = False
+
+    async def serve(self) -> None:
+        await self.server.start()
+        self._serving = True
+
+    async def close(self) -> None:
+        if not self._serving:
+            # gRPC keeps the listening socket of a server stopped before it ever started (the
+            # port stays taken for the process's life): it is started, and stopped at once with
+            # no grace, so that its stop frees the port. Health says NOT_SERVING meanwhile.
+            with contextlib.suppress(Exception):
+                await self.server.start()
+        await self.server.stop(0)
+
+
+def listen(made: Made, config: Config, credentials: grpc.ServerCredentials | None) -> Listening:
+    """The gRPC server, bound to --listen (not serving yet)."""
+    server = grpc.aio.server(
+        options=[
+            # A port in use is "address in use", never shared with another server.
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
+            # The other replicas' keepalive pings, during a turn that sends nothing for minutes.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", ping_ms(config) // 2),
+            ("grpc.http2.max_ping_strikes", 0),
+        ]
+    )
+    try:
+        port = (
+            server.add_secure_port(config.listen, credentials)
+            if credentials is not None
+            else server.add_insecure_port(config.listen)
+        )
+    except RuntimeError:  # grpc's "Failed to bind"
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {config.listen}: the address is in use, or not one of this host's")
+    listening = Listening(server, port)
+    made.push_async_callback(listening.close)
+    return listening
+
+
+def open_forwarder(
+    made: Made, config: Config, owners: Owners, secret: str, credentials: grpc.ChannelCredentials | None
+) -> Forwarder:
+    """The channels to the other replicas, for the calls that belong to them."""
+    forwarder = Forwarder(
+        owners,
+        secret,
+        credentials,
+        options=(
+            ("grpc.max_receive_message_length", 16 * MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # An owner that stops answering (frozen, cut off) fails the calls forwarded to it
+            # within two pings, rather than holding them for the caller's whole deadline.
+            ("grpc.keepalive_time_ms", ping_ms(config)),
+            ("grpc.keepalive_timeout_ms", ping_ms(config)),
+            ("grpc.http2.ping_timeout_ms", ping_ms(config)),  # (what gRPC 1.85 reads)
+            # Nor does a connection to it hang for gRPC's default 20 s; and one that came back
+            # is connected again within two pings, however long it was away.
+            ("grpc.min_reconnect_backoff_ms", 2 * ping_ms(config)),
+            ("grpc.max_reconnect_backoff_ms", 2 * ping_ms(config)),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.http2.max_pings_without_data", 0),
+        ),
+    )
+    made.push_async_callback(forwarder.close)
+    return forwarder
+
+
+class SidePorts:
+    """The plaintext side ports: Prometheus metrics, and grpc.health.v1 alone for probes."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        health_servicer: health.aio.HealthServicer,
+        registry: SessionRegistry,
+        hub: EventHub,
+        live: LiveSlots,
+    ) -> None:
+        self._config = config
+        self._health_servicer = health_servicer
+        self._registry = registry
+        self._hub = hub
+        self._live = live
+        self.metrics: MetricsServer | None = None
+        self.health: grpc.aio.Server | None = None
+        self.health_port = 0
+        self._unobserve: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        hub, live = self._hub, self._live
+        self._unobserve = metrics.observe(
+            self._registry.states, lambda: hub.watchers, lambda: (live.held, live.capacity)
+        )
+        config = self._config
+        if config.metrics_listen:
+            self.metrics = MetricsServer(config.metrics_listen)
+            log.info("serving metrics", address=config.metrics_listen, port=self.metrics.port)
+        if config.health_listen:
+            self.health = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health_servicer, self.health)
+            self.health_port = self.health.add_insecure_port(config.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"cannot listen on {config.health_listen}")
+            await self.health.start()
+            log.info("serving health", address=config.health_listen, port=self.health_port)
+
+    async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop(grace=0)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)
+        if self._unobserve is not None:
+            self._unobserve()
+            self._unobserve = None
+
+
+async def open_side_ports(made: Made, side: SidePorts) -> SidePorts:
+    """The side ports, started (stopped again whatever part of them started)."""
+    made.push_async_callback(side.stop)
+    await side.start()
+    return side
+
+
+class Chores:
+    """What the server does now and then while it serves: forgets request ids past their
+    retention (--request-id-retention), drops events past theirs (--event-retention)."""
+
+    def __init__(self, ledger: Ledger, config: Config) -> None:
+        self._ledger = ledger
+        self._config = config
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._forget_old_requests(), name="forget-requests"))
+        self._tasks.append(asyncio.create_task(self._keep_trimming_events(), name="trim-events"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _forget_old_requests(self) -> None:
+        retention = self._config.request_id_retention
+        while True:
+            try:
+                dropped = await self._ledger.forget_requests(now() - timedelta(seconds=retention))
+                if dropped:
+                    log.info("request ids past their retention forgotten", count=dropped)
+            except Exception as err:  # a full disk now is no reason to stop serving
+                log.warning("could not forget old request ids", error=str(err))
+            await asyncio.sleep(min(3600.0, max(retention / 10, 1.0)))
+
+    async def _keep_trimming_events(self) -> None:
+        config = self._config
+        every = min(600.0, max(config.event_retention / 10, 1.0)) if config.event_retention else 60.0
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await _trim_events(self._ledger, config)
+            except Exception as err:  # a full disk now is no reason to stop serving
+                log.warning("could not drop old events", error=str(err))
+
+
+def start_chores(made: Made, ledger: Ledger, config: Config) -> Chores:
+    chores = Chores(ledger, config)
+    made.push_async_callback(chores.stop)
+    chores.start()
+    return chores
+
+
+async def _trim_events(ledger: Ledger, config: Config) -> None:
+    """Drops events beyond --event-retention (seconds) and --event-retention-count."""
+    age, count = config.event_retention, config.event_retention_count
+    if not age and not count:
+        return
+    dropped = await ledger.trim_events(
+        keep=count or None, older_than=now() - timedelta(seconds=age) if age else None
+    )
+    if dropped:
+        log.info("events past their retention dropped", count=dropped)
+
+
+def replica_credentials(config: Config) -> grpc.ChannelCredentials | None:
+    """How this replica reaches the others: TLS when it serves TLS (they do too), trusting
+    --replica-ca (else --tls-client-ca, else its own certificate), and presenting its own
+    certificate for mutual TLS."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    roots = config.replica_ca or config.tls_client_ca or config.tls_cert
+    return grpc.ssl_channel_credentials(
+        root_certificates=roots.read_bytes(),
+        private_key=config.tls_key.read_bytes(),
+        certificate_chain=config.tls_cert.read_bytes(),
+    )
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
