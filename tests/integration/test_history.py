@@ -257,6 +257,31 @@ async def test_a_fork_at_a_point_has_the_conversation_and_files_of_that_moment_a
         assert [p.message_id for p in (await c.points(sid)).points][:3] == ids, "the source keeps its points"
 
 
+async def test_a_fork_says_where_it_came_from_also_after_a_restart(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, _, ids = await _three_turns(c)
+        events = await c.prompt(sid, "say last")
+        last = prompt_id(events)
+        reply = next(e.assistant_message.api_message_id for e in events if e.HasField("assistant_message"))
+        at_point = await c.sessions.ForkSession(_fork(sid, ids[1]))
+        whole = await c.sessions.ForkSession(_fork(sid))
+        # A reply's msg_ id names its turn's prompt: the origin is that prompt.
+        by_reply = await c.sessions.ForkSession(_fork(sid, reply))
+        assert at_point.forked_from == session_pb2.ForkOrigin(session_id=sid, message_id=ids[1])
+        assert whole.forked_from == session_pb2.ForkOrigin(session_id=sid, message_id="")
+        assert by_reply.forked_from == session_pb2.ForkOrigin(session_id=sid, message_id=last)
+        assert not (await c.get(sid)).HasField("forked_from")
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        assert (await c.get(at_point.session_id)).forked_from == at_point.forked_from
+        assert (await c.get(whole.session_id)).forked_from == whole.forked_from
+        listed = {
+            s.session_id: s
+            for s in (await c.sessions.ListSessions(session_service_pb2.ListSessionsRequest())).sessions
+        }
+        assert listed[at_point.session_id].forked_from == at_point.forked_from
+        assert not listed[sid].HasField("forked_from")
+
+
 async def test_a_fork_of_the_whole_session_copies_it_as_it_is(tmp_path: Path) -> None:
     async with serve(tmp_path) as c:
         sid, _, ids = await _three_turns(c)
