@@ -30,7 +30,7 @@ from agent_rewind.replicas import Owners
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, environment
 from agent_rewind.sandbox.commands import private_directories, session_dir
-from agent_rewind.sandbox.proxy import EgressProxy, HostPattern, HostPatternError
+from agent_rewind.sandbox.proxy import EgressProxy, HostPattern, HostPatternError, Reached
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.adapter import AgentClient, ClientSpec, SdkAgentClient
 from agent_rewind.sessions.live import LiveSlots
@@ -83,8 +83,11 @@ def service_files(config: Config) -> list[Path]:
     return [config.state_dir, *config.workspace_roots, *(f for f in files if f is not None)]
 
 
-async def open_sandbox(made: Made, config: Config) -> tuple[CommandSandbox | None, EgressProxy | None]:
-    """The command sandbox (and, with allowed hosts, its egress proxy), checked to work here."""
+async def open_sandbox(
+    made: Made, config: Config, *, reached: Reached | None = None
+) -> tuple[CommandSandbox | None, EgressProxy | None]:
+    """The command sandbox (and, with allowed hosts, its egress proxy, which tells `reached` of
+    every connection it opens), checked to work here."""
     if config.sandbox == "off":
         log.warning(
             "sandbox off (--sandbox off): the agent's commands run unconfined, as the service's "
@@ -104,7 +107,7 @@ async def open_sandbox(made: Made, config: Config) -> tuple[CommandSandbox | Non
     if not patterns:
         log.info("sandbox on: commands confined, no network")
         return sandbox, None
-    proxy = EgressProxy(config.state_dir / "proxy.sock", patterns)
+    proxy = EgressProxy(config.state_dir / "proxy.sock", patterns, reached=reached)
     made.push_async_callback(proxy.close)
     await proxy.start()
     log.info(

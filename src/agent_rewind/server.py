@@ -247,7 +247,15 @@ async def _make(
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
-    sandbox, proxy = await components.open_sandbox(made, config)
+
+    def reached(session_id: str, host: str, port: int) -> None:
+        """The egress proxy opened a connection for a session's commands (only once it serves,
+        so the registry, made below, exists): a side effect of its turn."""
+        worker = registry.workers.get(session_id)
+        if worker is not None:
+            worker.reached(host, port)
+
+    sandbox, proxy = await components.open_sandbox(made, config, reached=reached)
     model = components.start_model(made, backend)
     ledger = await components.open_ledger(made, config)
     hub = await components.start_events(made, ledger, config)

@@ -273,6 +273,7 @@ class RewindEngine:
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
         dropped = {p.message_id for p in view.points[point.index :]}
+        await worker.egress_kept()
         egress = [
             side_effects.Egress(r.prompt_id, r.host, r.port)
             for r in await self._ledger.egress(worker.session_id)

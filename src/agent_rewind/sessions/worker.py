@@ -33,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from agent_rewind import tasks
 from agent_rewind.errors import SessionNotFound, TurnInFlight
 from agent_rewind.sessions.adapter import AgentClient
 from agent_rewind.sessions.events import FilesAnswer
@@ -44,7 +45,7 @@ from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.status import State, Status
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.sessions.view import TranscriptView
-from agent_rewind.store.ledger import Ledger, SessionRecord
+from agent_rewind.store.ledger import EgressRecord, Ledger, SessionRecord
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
 
 __all__ = ["SessionWorker", "State", "WorkerContext"]
@@ -113,6 +114,8 @@ class SessionWorker:
         )
         # Run once, the next time the session frees what a hibernated session need not hold.
         self._on_forget: list[Callable[[], None]] = []
+        self._reached: set[tuple[str, str, int]] = set()  # (prompt, host, port) kept as egress
+        self._keeping: set[asyncio.Task[None]] = set()  # their ledger writes, until done
 
     # State
 
@@ -181,6 +184,38 @@ class SessionWorker:
         return await self._view.view()
 
     # The three below read what the last `view()` caught up with.
+
+    def reached(self, host: str, port: int) -> None:
+        """The egress proxy opened a connection for this session's commands: kept (once per turn
+        and host) as a side effect of the running turn, or of the newest prompt when none runs
+        (a background command of an earlier turn). Never waits: the proxy goes on at once."""
+        turn = self.status.claimed
+        if turn is not None:
+            prompt = turn.prompt_id
+        else:
+            points = self.transcript_view().points
+            prompt = points[-1].message_id if points else ""
+        key = (prompt, host, port)
+        if not prompt or key in self._reached:
+            return
+        self._reached.add(key)
+        task = tasks.detach(
+            self._keep_egress(EgressRecord(self.session_id, prompt, host, port)), name="egress"
+        )
+        self._keeping.add(task)
+        task.add_done_callback(self._keeping.discard)
+
+    async def egress_kept(self) -> None:
+        """Waits until every host reported so far is in the ledger (or failed to be)."""
+        if self._keeping:
+            await asyncio.gather(*self._keeping, return_exceptions=True)
+
+    async def _keep_egress(self, record: EgressRecord) -> None:
+        try:
+            await self._ctx.ledger.record_egress(record)
+        except Exception as err:  # a warning lost, never the connection: it is already open
+            self._reached.discard((record.prompt_id, record.host, record.port))
+            self._log.warning("could not keep a host the commands reached", host=record.host, error=str(err))
 
     async def resume_point(self, leaf: str) -> str:
         """Where the CLI resumes the conversation ending at `leaf` (a copy of it when it lies
