@@ -9,10 +9,7 @@ forkable as any (docs/rewind.md, "Rewinding past a compaction").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
 from agent_rewind.testing.server_process import ServerProcess
@@ -127,15 +124,6 @@ async def test_a_fork_at_a_compacted_point_starts_from_the_conversation_before_i
         assert await c.recall(fork.session_id) == [P0, "recall"]
         # The source is untouched.
         assert [p.message_id for p in (await c.points(sid)).points] == ids
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    process = ServerProcess(tmp_path / "state")
-    try:
-        yield process
-    finally:
-        await process.close()
 
 
 async def test_a_rewind_past_compactions_survives_a_sigkill_of_the_server_and_its_clis(

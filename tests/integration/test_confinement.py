@@ -12,10 +12,8 @@ import os
 import shutil
 import sqlite3
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -389,32 +387,6 @@ async def test_a_tampered_ledger_row_cannot_move_a_workspace_outside_the_roots(t
         with pytest.raises(grpc.aio.AioRpcError):
             await c.prompt(sid, "write b.txt two")
     assert list(outside.iterdir()) == []
-
-
-class _Answer(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"hello from {self.server.server_address[1]}".encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
-@pytest.fixture
-def web() -> Iterator[tuple[int, int]]:
-    """Two HTTP servers on loopback: the operator allows the first."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Answer) for _ in range(2)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield servers[0].server_address[1], servers[1].server_address[1]
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
 
 
 FETCH = (

@@ -8,7 +8,6 @@ no answer retries with its request_id and learns the outcome.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,6 @@ from tests.integration.harness import BOTH, CONVERSATION, FILES, Client, client_
 P0 = "write a.txt v0\nsay made a"
 P1 = "edit a.txt v0 => v1\nwrite b.txt bee"
 P2 = "edit a.txt v1 => v2\nwrite c.txt sea"
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    process = ServerProcess(tmp_path / "state")
-    try:
-        yield process
-    finally:
-        await process.close()
 
 
 async def _three_turns(c: Client) -> tuple[str, Path, list[str]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -223,15 +222,6 @@ async def test_only_the_owner_or_an_admin_may_delete(tmp_path: Path) -> None:
 
 # A crash midway (agent_rewind.faults): after the commit, the next start finishes the erasure
 # before it admits a call; a retry with the request id is answered as if nothing had happened.
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    process = ServerProcess(tmp_path / "state")
-    try:
-        yield process
-    finally:
-        await process.close()
 
 
 @pytest.mark.parametrize("step", ["delete.recorded", "delete.erased"])

@@ -345,15 +345,6 @@ async def test_shutdown_ends_every_watch_with_shutting_down(tmp_path: Path) -> N
             assert error_info(err).reason == "SHUTTING_DOWN"
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    process = ServerProcess(tmp_path / "state")
-    try:
-        yield process
-    finally:
-        await process.close()
-
-
 async def test_a_watcher_resumes_across_a_restart_and_a_sigkill(
     server: ServerProcess, watches: list[Watch]
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -112,32 +111,6 @@ async def test_a_dry_run_and_the_rewind_name_the_mcp_call_they_cannot_undo(
         assert len(mail.sent) == 1
 
 
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"hello"
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
-        return
-
-
-@pytest.fixture
-def web() -> Iterator[tuple[int, int]]:
-    """Two HTTP servers on loopback: the operator allows the first only."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Hello) for _ in range(2)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield servers[0].server_address[1], servers[1].server_address[1]
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
-
-
 FETCH = (
     "import sys, urllib.request\n"
     "for url in sys.argv[1:]:\n"
@@ -160,7 +133,8 @@ async def test_a_host_a_dropped_turns_command_reached_is_named(tmp_path: Path, w
         urls = f"http://127.0.0.1:{allowed}/ http://127.0.0.1:{allowed}/again http://127.0.0.1:{refused}/"
         fetching = prompt_id(await c.prompt(sid, f"bash python3 fetch.py {urls} > out.txt 2>&1"))
         out = (cwd / "out.txt").read_text().splitlines()
-        assert out[0].endswith("hello") and out[1].endswith("hello") and "failed" in out[2], out
+        assert out[0].endswith(f"hello from {allowed}") and out[1].endswith(f"hello from {allowed}"), out
+        assert "failed" in out[2], out
         expected = [
             rewind_pb2.SideEffect(
                 message_id=fetching, tool="Bash", summary=f"a command reached 127.0.0.1:{allowed}"
