@@ -47,13 +47,28 @@ GROUPS = (
     Group("handlers", "rpc/handlers.py", ("tests/unit/rpc", "tests/integration/test_auth.py")),
     Group("engine", "rewind/engine.py", ("tests/unit/rewind", "tests/unit/sessions/test_worker.py")),
     Group("undo", "rewind/undo.py", ("tests/unit/rewind", "tests/integration/test_history.py")),
+    Group("intent", "rewind/intent.py", ("tests/unit/rewind",)),
+    Group("side-effects", "rewind/side_effects.py", ("tests/unit/rewind/test_side_effects.py",)),
+    # The session worker and the parts it delegates to, one group each.
     Group("worker", "sessions/worker.py", ("tests/unit/sessions/test_worker.py",)),
+    Group("running", "sessions/running.py", ("tests/unit/sessions/test_worker.py",)),
+    Group("lifecycle", "sessions/lifecycle.py", ("tests/unit/sessions/test_worker.py",)),
+    Group("view", "sessions/view.py", ("tests/unit/sessions/test_worker.py",)),
+    Group(
+        "status",
+        "sessions/status.py",
+        ("tests/unit/sessions/test_status.py", "tests/unit/sessions/test_worker.py"),
+    ),
+    Group("compaction", "transcript/compaction.py", ("tests/unit/transcript",)),
     Group(
         "turns",
         "sessions/turns.py",
         ("tests/unit/sessions/test_turns.py", "tests/unit/sessions/test_worker.py"),
     ),
-    # The ledger contract tests run on both ledgers; each ledger's group takes its own half.
+    # The ledger contract tests run on both ledgers; each dialect's group takes its own half, and
+    # the SQL core both run is mutated under SQLite's (the faster to start).
+    Group("store-core", "store/sql.py", ("tests/unit/store",), select="not postgres"),
+    Group("store-dialect", "store/dialect.py", ("tests/unit/store",), select="not postgres"),
     Group("store-postgres", "store/postgres.py", ("tests/unit/store",), select="not sqlite"),
     Group("store-sqlite", "store/sqlite.py", ("tests/unit/store",), select="not postgres"),
     Group("replicas", "replicas.py", ("tests/unit/test_replicas.py", "tests/unit/store")),
