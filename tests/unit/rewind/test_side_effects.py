@@ -48,6 +48,35 @@ def test_a_web_fetch_of_no_usable_url_still_counts(url: object) -> None:
     assert effect is not None and effect.summary == "fetched a URL"
 
 
+def test_an_mcp_call_lists_at_most_eight_argument_names() -> None:
+    eight = of_tool_call("p", "mcp__s__t", {f"a{i}": i for i in range(8)})
+    nine = of_tool_call("p", "mcp__s__t", {f"a{i}": i for i in range(9)})
+    assert eight is not None and eight.summary.endswith("a6, a7)")
+    assert nine is not None and nine.summary.endswith("a6, a7, …)")
+
+
+@pytest.mark.parametrize("url", ["https:///no-host", "//host.example/no-scheme", "http://"])
+def test_a_url_without_a_scheme_or_a_host_is_just_a_url(url: str) -> None:
+    effect = of_tool_call("p", "WebFetch", {"url": url})
+    assert effect is not None and effect.summary == "fetched a URL"
+
+
+def test_a_web_search_of_nothing_says_so() -> None:
+    effect = of_tool_call("p", "WebSearch", {"query": "   "})
+    assert effect is not None and effect.summary == "searched the web for something"
+
+
+def test_a_query_and_a_summary_are_cut_only_past_their_bounds() -> None:
+    exact = of_tool_call("p", "WebSearch", {"query": "q" * 80})
+    longer = of_tool_call("p", "WebSearch", {"query": "q" * 81})
+    assert exact is not None and exact.summary == f"searched the web for “{'q' * 80}”"
+    assert longer is not None and longer.summary == f"searched the web for “{'q' * 79}…”"
+    host = "h" * (SUMMARY_CHARS - len("a command reached :1"))
+    assert of_egress("p", host, 1).summary == f"a command reached {host}:1"  # exactly the bound
+    cut = of_egress("p", host + "h", 1).summary
+    assert len(cut) == SUMMARY_CHARS and cut.endswith("…")
+
+
 def test_a_web_search_quotes_its_query_cut_short() -> None:
     effect = of_tool_call("p", "WebSearch", {"query": "  rewind   " + "x" * 200})
     assert effect is not None
