@@ -188,13 +188,14 @@ def format_points(points: Sequence[rewind_pb2.RewindPoint], last_message_id: str
             p.resume_at_message_id or "-",
             yes_no(p.files_rewindable),
             yes_no(p.snapshot_available),
+            yes_no(p.compacted),
             format_time(p.create_time),
             one_line(p.text, PREVIEW),
         ]
         for p in points
     ]
     table = format_table(
-        ["#", "MESSAGE_ID", "RESUME_AT", "FILES", "SNAPSHOT", "CREATED", "TEXT"], rows, right=[0]
+        ["#", "MESSAGE_ID", "RESUME_AT", "FILES", "SNAPSHOT", "COMPACTED", "CREATED", "TEXT"], rows, right=[0]
     )
     return f"{table}\n{footer}"
 

@@ -336,8 +336,8 @@ def test_points_table_and_footer(
     assert main(["--server", address, "points", SID, "--page-size", "5"]) == 0
     assert rewinds.requests[0].page_size == 5
     assert capsys.readouterr().out.splitlines() == [
-        "#  MESSAGE_ID  RESUME_AT  FILES  SNAPSHOT  CREATED  TEXT",
-        "0  p0          -          yes    no        -        hi",
+        "#  MESSAGE_ID  RESUME_AT  FILES  SNAPSHOT  COMPACTED  CREATED  TEXT",
+        "0  p0          -          yes    no        no         -        hi",
         "last_message_id: last-1",
     ]
 

@@ -310,16 +310,17 @@ def test_points_table_with_the_last_message_footer() -> None:
             create_time=TS,
             files_rewindable=True,
             snapshot_available=True,
+            compacted=True,
         ),
         rewind_pb2.RewindPoint(
             message_id="p1", resume_at_message_id="a0", text="edit", index=1, create_time=TS
         ),
     ]
     assert format_points(points, "last").splitlines() == [
-        "#  MESSAGE_ID  RESUME_AT  FILES  SNAPSHOT  CREATED               TEXT",
-        "0  p0          -          yes    yes       2025-11-29T23:11:05Z  "
+        "#  MESSAGE_ID  RESUME_AT  FILES  SNAPSHOT  COMPACTED  CREATED               TEXT",
+        "0  p0          -          yes    yes       yes        2025-11-29T23:11:05Z  "
         "write notes.txt first draft ⏎ write todo.txt buy milk ⏎ say…",
-        "1  p1          a0         no     no        2025-11-29T23:11:05Z  edit",
+        "1  p1          a0         no     no        no         2025-11-29T23:11:05Z  edit",
         "last_message_id: last",
     ]
     assert format_points([], "") == "no rewind points\nlast_message_id: -"
