@@ -162,7 +162,9 @@ class ConversationView:
         """The visible chain's entry with this id: the entry itself or one of its copies (a
         client's id), or the entry of this transcript uuid."""
         entries = self._store.entries
-        for uuid in (message_id, *self._store.copies.get(message_id, ())):
+        known = entries.get(message_id)
+        key = known.id if known is not None else message_id  # a copy's uuid names its original too
+        for uuid in (key, *self._store.copies.get(key, ())):
             entry = entries.get(uuid)
             if entry is not None and self._on_chain(entry):
                 return entry

@@ -122,3 +122,20 @@ def test_an_unknown_leaf_is_not_found(recorded: Make) -> None:
     rec = recorded("compactions")
     with pytest.raises(MessageNotFound):
         compaction.plan_resume(rec.index, "00000000-0000-0000-0000-000000000000")
+
+
+def test_any_copy_of_an_entry_finds_the_one_on_the_visible_chain(recorded: Make) -> None:
+    resume = _resumes(recorded)[0]
+    rec = recorded("compactions", size=resume["size_before"])
+    first = compaction.plan_resume(rec.index, resume["anchor"])
+    compaction.append(rec.path, first.lines)
+    rec.index.refresh()
+    on_copy = rec.index.view(first.at)
+    # The original, and the copy's own uuid, both name the copy on a view of the copy's chain.
+    found = on_copy.find(resume["anchor"])
+    assert found is not None and found.uuid == first.at
+    assert on_copy.find(first.at) is found and on_copy.contains(first.at)
+    # And on a view of the original's chain, the copy's uuid names the original.
+    on_original = rec.index.view(resume["anchor"])
+    back = on_original.find(first.at)
+    assert back is not None and back.uuid == resume["anchor"]
