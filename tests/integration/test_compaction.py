@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
+from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_service_pb2
 from agent_rewind.testing.server_process import ServerProcess
 from tests.integration.harness import (
     BOTH,
-    CONVERSATION,
     Client,
     client_of,
     prompt_id,
@@ -132,12 +131,14 @@ async def test_a_rewind_past_compactions_survives_a_sigkill_of_the_server_and_it
     await server.start()
     c = client_of(server)
     sid, cwd, ids = await _two_compactions(c)
-    await c.rewind(sid, ids[1], CONVERSATION)
+    rewound = await c.rewind(sid, ids[1], BOTH)
+    assert rewound.conversation.rewound and rewound.files.can_rewind
     server.kill()  # the server and every CLI, before any process resumed the copy
     assert await server.wait() == -9
     await server.start()
     c = client_of(server)
     assert [(p.message_id, p.compacted) for p in (await c.points(sid)).points] == [(ids[0], False)]
+    assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == ("v0\n", None, None)
     assert await c.recall(sid) == [P0, "recall"]
     # Killed again once a process has resumed it: the same conversation.
     server.kill()
@@ -145,4 +146,8 @@ async def test_a_rewind_past_compactions_survives_a_sigkill_of_the_server_and_it
     await server.start()
     c = client_of(server)
     assert await c.recall(sid) == [P0, "recall", "recall"]
-    assert read(cwd / "a.txt") == "v3\n"  # a conversation rewind leaves the files
+    # The rewind's event, as for any rewind.
+    events = [e for e in await c.events(sid) if e.kind == rewind_pb2.REWIND_EVENT_KIND_REWOUND]
+    assert [(e.rewind_id, e.message_id, e.conversation_changed) for e in events] == [
+        (rewound.rewind_id, ids[1], True)
+    ]

@@ -73,6 +73,7 @@ class TranscriptView:
         now (transcript/compaction.py). Call while no CLI process of the session runs."""
         async with self._read_lock:
             index = self.index()
+            await asyncio.to_thread(index.refresh)  # what the process that just ended wrote too
             plan = await asyncio.to_thread(compaction.plan_resume, index, leaf)
             if plan.lines:
                 await asyncio.to_thread(compaction.append, index.path, plan.lines)
