@@ -107,6 +107,9 @@ class _Plan:
     side_effects: tuple[SideEffect, ...] = ()
 
 
+# A rewind's side effects read this many transcript lines at most on the event loop (more: in a thread).
+_INLINE_READS = 16
+
 # Errors that mean the rewind was tried and could not be carried out (the others refuse it
 # before anything is applied).
 _FAILURES = frozenset({"AGENT_UNAVAILABLE", "STORAGE_UNAVAILABLE", "INTERNAL"})
@@ -272,15 +275,28 @@ class RewindEngine:
                 conversation = ConversationHalf(True, refusal=refuse(NoConversationAnchor(point.message_id)))
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
-        dropped = {p.message_id for p in view.points[point.index :]}
-        await worker.egress_kept()
-        egress = [
-            side_effects.Egress(r.prompt_id, r.host, r.port)
-            for r in await self._ledger.egress(worker.session_id)
-            if r.prompt_id in dropped
-        ]
-        effects = await asyncio.to_thread(side_effects.collect, view, point, egress)
+        effects = await self._side_effects(worker, view, point)
         return _Plan(point, files, conversation, view.last_message_id, restore, now, view.leaf, effects)
+
+    async def _side_effects(
+        self, worker: SessionWorker, view: ConversationView, point: RewindPoint
+    ) -> tuple[SideEffect, ...]:
+        """What the turns from `point` on did that no rewind undoes. Their few lines are read on
+        the loop; many, in a thread."""
+        reached = await worker.egress()
+        egress = []
+        if reached:
+            dropped = {p.message_id for p in view.points[point.index :]}
+            # (Once each: a record written while the list was first read may be in it twice.)
+            egress = [
+                side_effects.Egress(r.prompt_id, r.host, r.port)
+                for r in dict.fromkeys(reached)
+                if r.prompt_id in dropped
+            ]
+        wanted = side_effects.to_read(view, point)
+        if len(wanted) > _INLINE_READS:
+            return await asyncio.to_thread(side_effects.collect, view, point, egress, wanted)
+        return side_effects.collect(view, point, egress, wanted)
 
     async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agent_rewind.sessions.tools import CATALOGUE, MCP_PREFIX, Kind
 from agent_rewind.transcript.entries import RewindPoint
+from agent_rewind.transcript.records import Entry
 from agent_rewind.transcript.tool_calls import calls_at, subagent_calls
 from agent_rewind.transcript.view import ConversationView
 
@@ -54,27 +55,40 @@ class Egress:
     port: int
 
 
-def collect(
-    view: ConversationView, point: RewindPoint, egress: Iterable[Egress] = ()
-) -> tuple[SideEffect, ...]:
-    """The side effects of the turns from `point` to the end of `view`, turn by turn, oldest
-    first: their tool calls (a subagent's where the turn started it), then the hosts their
-    commands reached. Blocking (it reads the calls' lines from the transcript)."""
-    wanted = [
+def to_read(view: ConversationView, point: RewindPoint) -> list[tuple[str, Entry]]:
+    """The entries from `point` on whose lines `collect` must read (with their turn's prompt):
+    those calling a side-effecting tool or a subagent. Most turns have none."""
+    return [
         (prompt, entry)
         for prompt, entry in view.tool_calls_from(point)
         if any(tool in _AGENT_TOOLS or counts(tool) for tool in entry.tools)
     ]
-    turn_of = {entry.offset: prompt for prompt, entry in wanted}
-    calls = list(calls_at(view.transcript, [entry.offset for _, entry in wanted]))
-    spawned = subagent_calls(view.transcript, [c.call_id for _, c in calls if c.name in _AGENT_TOOLS])
+
+
+def collect(
+    view: ConversationView,
+    point: RewindPoint,
+    egress: Iterable[Egress] = (),
+    wanted: list[tuple[str, Entry]] | None = None,
+) -> tuple[SideEffect, ...]:
+    """The side effects of the turns from `point` to the end of `view`, turn by turn, oldest
+    first: their tool calls (a subagent's where the turn started it), then the hosts their
+    commands reached. Blocking when `wanted` (`to_read`'s answer) is not empty: it reads those
+    lines from the transcript."""
+    if wanted is None:
+        wanted = to_read(view, point)
     by_turn: dict[str, list[SideEffect]] = {}
-    for offset, call in calls:
-        prompt = turn_of[offset]
-        made = spawned.get(call.call_id, []) if call.name in _AGENT_TOOLS else [call]
-        for one in made:
-            if one.name not in _AGENT_TOOLS and (effect := of_tool_call(prompt, one.name, one.input)):
-                by_turn.setdefault(prompt, []).append(effect)
+    if wanted:
+        turn_of = {entry.offset: prompt for prompt, entry in wanted}
+        calls = list(calls_at(view.transcript, [entry.offset for _, entry in wanted]))
+        spawns = [c.call_id for _, c in calls if c.name in _AGENT_TOOLS]
+        spawned = subagent_calls(view.transcript, spawns) if spawns else {}
+        for offset, call in calls:
+            prompt = turn_of[offset]
+            made = spawned.get(call.call_id, []) if call.name in _AGENT_TOOLS else [call]
+            for one in made:
+                if one.name not in _AGENT_TOOLS and (effect := of_tool_call(prompt, one.name, one.input)):
+                    by_turn.setdefault(prompt, []).append(effect)
     for reach in egress:
         by_turn.setdefault(reach.message_id, []).append(of_egress(reach.message_id, reach.host, reach.port))
     order = [p.message_id for p in view.points[point.index :]]

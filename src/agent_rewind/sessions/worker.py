@@ -116,6 +116,7 @@ class SessionWorker:
         self._on_forget: list[Callable[[], None]] = []
         self._reached: set[tuple[str, str, int]] = set()  # (prompt, host, port) kept as egress
         self._keeping: set[asyncio.Task[None]] = set()  # their ledger writes, until done
+        self._egress: list[EgressRecord] | None = None  # what the ledger holds of them, once read
 
     # State
 
@@ -205,14 +206,20 @@ class SessionWorker:
         self._keeping.add(task)
         task.add_done_callback(self._keeping.discard)
 
-    async def egress_kept(self) -> None:
-        """Waits until every host reported so far is in the ledger (or failed to be)."""
+    async def egress(self) -> list[EgressRecord]:
+        """The hosts the session's commands reached, every turn's (read from the ledger once, then
+        kept up to date here). Waits for the records reported so far."""
         if self._keeping:
             await asyncio.gather(*self._keeping, return_exceptions=True)
+        if self._egress is None:
+            self._egress = await self._ctx.ledger.egress(self.session_id)
+        return self._egress
 
     async def _keep_egress(self, record: EgressRecord) -> None:
         try:
             await self._ctx.ledger.record_egress(record)
+            if self._egress is not None:
+                self._egress.append(record)
         except Exception as err:  # a warning lost, never the connection: it is already open
             self._reached.discard((record.prompt_id, record.host, record.port))
             self._log.warning("could not keep a host the commands reached", host=record.host, error=str(err))
