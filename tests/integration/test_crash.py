@@ -253,3 +253,14 @@ async def test_a_crash_after_a_turn_on_a_branch_cut_in_place_resumes_that_branch
     c = client_of(server)
     assert [p.message_id for p in (await c.points(sid)).points] == [ids[0], t4]
     assert await c.recall(sid) == [P0, "say four", "recall"]
+
+
+async def test_a_killed_server_starts_again_at_once_on_its_state(server: ServerProcess) -> None:
+    """The harness itself: `start()` right after `kill()` waits for the exit it has not seen yet
+    (test_replicas.py restarts an owner so), instead of taking the server for still running."""
+    await server.start()
+    c = client_of(server)
+    sid = (await c.create()).session_id
+    server.kill()
+    await server.start()
+    assert (await client_of(server).get(sid)).session_id == sid

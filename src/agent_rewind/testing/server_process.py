@@ -46,6 +46,7 @@ class ServerProcess:
         self.sessions: session_service_pb2_grpc.SessionServiceStub | None = None
         self.rewinds: rewind_service_pb2_grpc.RewindServiceStub | None = None
         self.starts = 0
+        self._killed = False  # the running process was sent SIGKILL
 
     @property
     def config_dir(self) -> Path:
@@ -53,7 +54,11 @@ class ServerProcess:
 
     async def start(self, *, fault: str = "", fault_scope: str = "", ready_within: float = 60.0) -> None:
         """Starts the server (with a fault armed, if given) and waits until it serves."""
+        if self.proc is not None and self.proc.returncode is None and self._killed:
+            # Killed, but its exit not reaped yet (the event loop learns of it a moment later).
+            await asyncio.wait_for(self.proc.wait(), 30)
         assert self.proc is None or self.proc.returncode is not None, "already running"
+        self._killed = False
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_REWIND_", "ANTHROPIC_"))}
         env.update(self.env)
@@ -129,6 +134,7 @@ class ServerProcess:
         """SIGKILL: the server and every CLI process it started, or the server alone."""
         if self.proc is None or self.proc.returncode is not None:
             return
+        self._killed = True
         if with_cli:
             os.killpg(self.proc.pid, signal.SIGKILL)
         else:
