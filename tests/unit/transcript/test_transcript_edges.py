@@ -2,35 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 from typing import Any
 
+from agent_rewind.testing.fake_agent import append, prompt_entry, reply_entry
 from agent_rewind.transcript import TranscriptIndex
-
-
-def _prompt(uid: str, parent: str | None, text: str) -> dict[str, Any]:
-    return {
-        "type": "user",
-        "uuid": uid,
-        "parentUuid": parent,
-        "isSidechain": False,
-        "promptSource": "sdk",
-        "timestamp": "2026-11-29T10:00:00.000Z",
-        "message": {"role": "user", "content": text},
-    }
-
-
-def _reply(uid: str, parent: str) -> dict[str, Any]:
-    return {
-        "type": "assistant",
-        "uuid": uid,
-        "parentUuid": parent,
-        "isSidechain": False,
-        "timestamp": "2026-11-29T10:00:01.000Z",
-        "message": {"id": f"msg_{uid[:8]}", "role": "assistant", "content": [{"type": "text", "text": "ok"}]},
-    }
 
 
 def _snapshot(message_id: str) -> dict[str, Any]:
@@ -42,24 +19,23 @@ def _snapshot(message_id: str) -> dict[str, Any]:
     }
 
 
-def _append(path: Path, *entries: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        for entry in entries:
-            f.write(json.dumps(entry) + "\n")
-
-
 def test_the_newest_prompt_counts_as_checkpointed_before_its_snapshot_is_written(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     p0, r0, p1, r1 = (str(uuid.uuid4()) for _ in range(4))
-    _append(
-        path, _prompt(p0, None, "one"), _snapshot(p0), _reply(r0, p0), _prompt(p1, r0, "two"), _reply(r1, p1)
+    append(
+        path,
+        prompt_entry(p0, None, "one"),
+        _snapshot(p0),
+        reply_entry(r0, p0, "ok"),
+        prompt_entry(p1, r0, "two"),
+        reply_entry(r1, p1, "ok"),
     )
     index = TranscriptIndex(path)
     index.refresh()
     view = index.view()
     assert [p.has_checkpoint for p in view.points] == [True, True]
 
-    _append(path, _snapshot(p1))
+    append(path, _snapshot(p1))
     index.refresh()
     assert [p.has_checkpoint for p in index.view().points] == [True, True]
     # A view handed out before the snapshot arrived agrees too.
@@ -69,8 +45,13 @@ def test_the_newest_prompt_counts_as_checkpointed_before_its_snapshot_is_written
 def test_an_older_prompt_without_a_snapshot_has_no_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     p0, r0, p1, r1 = (str(uuid.uuid4()) for _ in range(4))
-    _append(
-        path, _prompt(p0, None, "one"), _reply(r0, p0), _prompt(p1, r0, "two"), _snapshot(p1), _reply(r1, p1)
+    append(
+        path,
+        prompt_entry(p0, None, "one"),
+        reply_entry(r0, p0, "ok"),
+        prompt_entry(p1, r0, "two"),
+        _snapshot(p1),
+        reply_entry(r1, p1, "ok"),
     )
     index = TranscriptIndex(path)
     index.refresh()
