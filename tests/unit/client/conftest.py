@@ -121,6 +121,7 @@ class Call:
     metadata: dict[str, str]
     common_name: str | None
     authorizations: list[str]  # every authorization header the call carried
+    time_remaining: float | None = None  # seconds left before the call's deadline (huge: no deadline)
 
 
 @dataclass
@@ -141,6 +142,7 @@ class Recorder:
                 dict(pairs),
                 names[0].decode() if names else None,
                 [v for k, v in pairs if k == "authorization"],
+                context.time_remaining(),
             )
         )
         if self.token is not None and self.calls[-1].metadata.get("authorization") != f"Bearer {self.token}":
