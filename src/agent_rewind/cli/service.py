@@ -33,15 +33,16 @@ def _watch(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     failure says the cursor to pass to --after, and the caller decides."""
     stream = client.watch_events(args.session_id or "", after_cursor=args.after)
     # The cursor a resumed watch passes to --after: the newest printed (an event's, or caught_up's).
+    # Taken only once its line is out: a Ctrl-C in a write blocked on a full pipe must not skip it.
     last: int | None = None
     try:
         for response in stream:
+            print_line(out, to_json(response, compact=True) if args.json else format_watch_response(response))
             kind = response.WhichOneof("response")
             if kind == "event":
                 last = response.event.cursor
             elif kind == "caught_up":
                 last = max(last or 0, response.caught_up.cursor)
-            print_line(out, to_json(response, compact=True) if args.json else format_watch_response(response))
     except KeyboardInterrupt:
         stream.cancel()
         if last is not None:

@@ -144,6 +144,25 @@ def test_a_watch_the_server_ends_early_exits_0_saying_where_to_resume(
     assert capsys.readouterr().err.splitlines() == ["the server ended the watch; resume with --after 3"]
 
 
+def test_ctrl_c_in_a_watch_cancels_the_call_itself_and_says_where_to_resume(
+    cli_over: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C while the second line prints (its write blocked on a full pipe, `watch | slow-reader`):
+    the server's end of the call sees it CANCELLED, exit 130, and the cursor to resume after is the
+    first event's, whose line is out, not the second's, whose line never was (resuming after it
+    would skip that event). Without `stream.cancel()` in the CLI the call stays open and
+    wait_cancelled fails."""
+    channel = fresh_channel()
+    running, out = cli_over(channel, ["watch", "--after", "0"], interrupt_at=2)
+    _, _, rpc = take(channel, "RewindService.WatchRewindEvents")
+    send_and_see(rpc, out, event(1))
+    rpc.send_response(event(2))
+    assert running.result() == cli.EXIT_INTERRUPTED
+    wait_cancelled(rpc)
+    assert out.flushed == [line(event(1))]
+    assert capsys.readouterr().err.splitlines() == ["stopped watching; resume with --after 1"]
+
+
 def test_cancel_on_a_watch_stream_ends_the_call_and_its_iteration() -> None:
     """WatchStream.cancel() from another thread while the reader waits: the reader's iteration ends
     with CANCELLED and the server's end of the call is cancelled."""
