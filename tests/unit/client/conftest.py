@@ -1,6 +1,7 @@
 """Shared by the client tests: no AGENT_REWIND_* variable of the shell reaches any of them; an
 in-process gRPC server that records each call's metadata (and client certificate) and can refuse
-calls as the service does; a small PKI for TLS (a CA, a server and a client certificate)."""
+calls as the service does; a small PKI for TLS (a CA, a server and a client certificate); the CLI
+over a grpc_testing channel (`cli_over`, wire.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from agent_rewind.api.v1 import (
     session_service_pb2,
     session_service_pb2_grpc,
 )
+from tests.unit.client import wire
 
 # --- TLS ------------------------------------------------------------------------------------------
 
@@ -272,3 +274,9 @@ def no_agent_rewind_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("AGENT_REWIND_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(name="cli_over")
+def cli_over_fixture(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """`cli_over(channel, argv, interrupt_at=None)`: the CLI over a grpc_testing channel (wire.py)."""
+    return wire.cli_over(monkeypatch)

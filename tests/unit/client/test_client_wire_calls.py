@@ -8,40 +8,36 @@ metadata it wants, which a real server gives only when it is driven into that st
 
 from __future__ import annotations
 
-import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, empty_pb2, struct_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.protobuf import empty_pb2, struct_pb2
+from google.rpc import code_pb2, status_pb2
 
-from agent_rewind import cli
 from agent_rewind.api.v1 import rewind_pb2, session_pb2, session_service_pb2
 from agent_rewind.client import Client, error_info, render_rpc_error, status_from_error
 from tests.contract import error_table
-from tests.unit.client.conftest import Serve
 from tests.unit.client.wire import (
+    AGENT_DIED,
     DOMAIN,
     Background,
-    Lines,
     fresh_channel,
     packed,
+    refusal,
     status_code,
     take,
     trailing,
     wire_client,
 )
 
+if TYPE_CHECKING:
+    from tests.unit.client.conftest import Serve
+
 SID = "11111111-2222-3333-4444-555555555555"
 MSG = "3c95eabe-c1fa-4ea8-afec-9a9bc607042c"
 YEAR = 365 * 24 * 3600.0
-
-
-def refusal(code: int, reason: str, message: str, **metadata: str) -> status_pb2.Status:
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)
-    return status_pb2.Status(code=code, message=message, details=[packed(info)])
 
 
 def fail(rpc: Any, status: status_pb2.Status) -> None:
@@ -53,20 +49,6 @@ def rewind_of(client: Client, request_id: str) -> Background[rewind_pb2.RewindRe
     return Background(lambda: client.rewind(SID, MSG, rewind_pb2.REWIND_MODE_BOTH, request_id=request_id))
 
 
-@pytest.fixture
-def cli_over(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`cli_over(channel, argv)` -> (Background of main's exit code, its stdout): the `agent-rewind`
-    command run as users run it, its client's calls going to `channel`."""
-
-    def run(channel: Any, argv: list[str]) -> tuple[Background[int], Lines]:
-        monkeypatch.setattr(cli, "Client", lambda server, **kw: Client(server, channel=channel, **kw))
-        out = Lines()
-        monkeypatch.setattr(sys, "stdout", out)
-        return Background(lambda: cli.main(["--server", "wire.test:443", *argv])), out
-
-    return run
-
-
 # --- retries ---------------------------------------------------------------------------------------
 
 # Every status a call can end with that someone might call transient, with the details the service
@@ -75,17 +57,7 @@ TRANSIENT = [
     pytest.param(
         status_pb2.Status(code=code_pb2.UNAVAILABLE, message="connection refused"), id="UNAVAILABLE"
     ),
-    pytest.param(
-        status_pb2.Status(
-            code=code_pb2.UNAVAILABLE,
-            message="the Claude Code process died",
-            details=[
-                packed(error_details_pb2.ErrorInfo(reason="AGENT_UNAVAILABLE", domain=DOMAIN)),
-                packed(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1))),
-            ],
-        ),
-        id="AGENT_UNAVAILABLE+RetryInfo",
-    ),
+    pytest.param(AGENT_DIED, id="AGENT_UNAVAILABLE+RetryInfo"),
     pytest.param(refusal(code_pb2.UNAVAILABLE, "SHUTTING_DOWN", "draining"), id="SHUTTING_DOWN"),
     pytest.param(
         refusal(code_pb2.UNAVAILABLE, "REPLICA_UNAVAILABLE", "owner down", replica="r2"),
@@ -361,7 +333,7 @@ def test_an_unknown_reason_is_shown_as_it_came_with_its_metadata_and_no_hint() -
 def test_an_unavailable_service_is_told_apart_from_an_unreachable_one() -> None:
     """UNAVAILABLE with AGENT_UNAVAILABLE is the service's answer (its reason and retry delay shown);
     UNAVAILABLE without an ErrorInfo is the channel's own: one line, "cannot reach"."""
-    agent = TRANSIENT[1].values[0]
+    agent = AGENT_DIED
     error = _get_session_fails_with(trailing(agent), grpc.StatusCode.UNAVAILABLE, agent.message)
     assert render_rpc_error(error, server="wire.test:443") == [
         "error: UNAVAILABLE AGENT_UNAVAILABLE: the Claude Code process died",

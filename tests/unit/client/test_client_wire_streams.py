@@ -8,7 +8,6 @@ itself (not a flag on a fake), are what a scripted real server cannot show.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import grpc
@@ -18,12 +17,13 @@ from google.rpc import code_pb2, status_pb2
 
 from agent_rewind import cli
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2
-from agent_rewind.client import Client, format_turn_event, format_watch_response
-from tests.unit.client.test_client_wire_calls import TRANSIENT, refusal
+from agent_rewind.client import format_turn_event, format_watch_response
 from tests.unit.client.wire import (
+    AGENT_DIED,
     Background,
     Lines,
     fresh_channel,
+    refusal,
     status_code,
     take,
     trailing,
@@ -56,19 +56,6 @@ def line(response: rewind_service_pb2.WatchRewindEventsResponse) -> str:
     return format_watch_response(response)
 
 
-@pytest.fixture
-def cli_over(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`cli_over(channel, argv, interrupt_at=None)` -> (Background of main's exit code, its stdout)."""
-
-    def run(channel: Any, argv: list[str], interrupt_at: int | None = None) -> tuple[Background[int], Lines]:
-        monkeypatch.setattr(cli, "Client", lambda server, **kw: Client(server, channel=channel, **kw))
-        out = Lines(interrupt_at=interrupt_at)
-        monkeypatch.setattr(sys, "stdout", out)
-        return Background(lambda: cli.main(["--server", "wire.test:443", *argv])), out
-
-    return run
-
-
 def send_and_see(rpc: Any, out: Lines, *responses: Any) -> list[str]:
     """Sends each response only once the one before it is printed and flushed."""
     for response in responses:
@@ -85,7 +72,7 @@ MIDWAY = [
         status_pb2.Status(code=code_pb2.DEADLINE_EXCEEDED, message="Deadline Exceeded"), id="deadline"
     ),
     pytest.param(refusal(code_pb2.INTERNAL, "INTERNAL", "unexpected"), id="INTERNAL"),
-    TRANSIENT[2],  # SHUTTING_DOWN: the replica drains
+    pytest.param(refusal(code_pb2.UNAVAILABLE, "SHUTTING_DOWN", "draining"), id="SHUTTING_DOWN"),
 ]
 
 
@@ -213,7 +200,7 @@ def test_a_turn_failing_midway_keeps_what_was_printed_and_renders_the_agents_fai
     for e in events:
         rpc.send_response(e)
         out.wait_for(len(turn_lines(events[: events.index(e) + 1])))
-    status = TRANSIENT[1].values[0]  # AGENT_UNAVAILABLE with a RetryInfo
+    status = AGENT_DIED
     rpc.terminate(trailing(status), grpc.StatusCode.UNAVAILABLE, status.message)
     assert running.result() == 1
     assert out.flushed == turn_lines(events)

@@ -9,6 +9,7 @@ test, in the test's thread, plays the server. See tests/README.md for what this 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 import grpc_testing
-from google.protobuf import any_pb2, message
-from google.rpc import status_pb2
+from google.protobuf import any_pb2, duration_pb2, message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from agent_rewind import cli
 from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
 from agent_rewind.client import Client
 
@@ -99,6 +101,23 @@ def packed(detail: message.Message) -> any_pb2.Any:
     return box
 
 
+def refusal(code: int, reason: str, message: str, **metadata: str) -> status_pb2.Status:
+    """A status as the service's errors module builds it: code, message, one ErrorInfo."""
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)
+    return status_pb2.Status(code=code, message=message, details=[packed(info)])
+
+
+# The service's answer when the Claude Code process died: UNAVAILABLE, AGENT_UNAVAILABLE, a RetryInfo.
+AGENT_DIED = status_pb2.Status(
+    code=code_pb2.UNAVAILABLE,
+    message="the Claude Code process died",
+    details=[
+        packed(error_details_pb2.ErrorInfo(reason="AGENT_UNAVAILABLE", domain=DOMAIN)),
+        packed(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1))),
+    ],
+)
+
+
 def trailing(status: status_pb2.Status) -> tuple[tuple[str, bytes], ...]:
     """Trailing metadata carrying `status` as the service sends it (grpc-status-details-bin)."""
     return ((DETAILS_KEY, status.SerializeToString()),)
@@ -148,3 +167,16 @@ class Lines:
 def send_all(rpc: Any, responses: Iterable[message.Message]) -> None:
     for response in responses:
         rpc.send_response(response)
+
+
+def cli_over(monkeypatch: Any) -> Callable[..., tuple[Background[int], Lines]]:
+    """For a fixture: `run(channel, argv, interrupt_at=None)` -> (Background of main's exit code, its
+    stdout): the `agent-rewind` command run as users run it, its client's calls going to `channel`."""
+
+    def run(channel: Any, argv: list[str], interrupt_at: int | None = None) -> tuple[Background[int], Lines]:
+        monkeypatch.setattr(cli, "Client", lambda server, **kw: Client(server, channel=channel, **kw))
+        out = Lines(interrupt_at=interrupt_at)
+        monkeypatch.setattr(sys, "stdout", out)
+        return Background(lambda: cli.main(["--server", "wire.test:443", *argv])), out
+
+    return run
