@@ -281,18 +281,14 @@ def configure(replica_id: str) -> Tracing | None:
     names = _exporter_names()
     if not names:
         return None
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     exporters = [_exporter(name) for name in names]
-    resource = Resource.create()
-    defaults: dict[str, str] = {}
-    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-        defaults["service.name"] = SERVICE_NAME
-    if "service.instance.id" not in resource.attributes:
-        defaults["service.instance.id"] = replica_id
-    provider = TracerProvider(resource=resource.merge(Resource(defaults)))
+    # Ours (the SDK's would be a random instance id), then what the variables say over them.
+    ours = Resource.create({"service.name": SERVICE_NAME, "service.instance.id": replica_id})
+    provider = TracerProvider(resource=ours.merge(OTELResourceDetector().detect()))
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     install(provider)
