@@ -11,7 +11,9 @@ child spans (`span()`): a rewind's phases, a turn, a snapshot, a forward.
 A leaf like metrics.py: any layer may open a span. What a span holds is ids, counts, outcomes
 and reasons, never text a caller or the model wrote, nor a path (a prompt, a workspace, a file,
 an error's message): call sites pass only those, and a span that fails records the contract's
-reason (or the exception's type), not its message or stack.
+reason (or the exception's type), not its message or stack. What the standard instrumentation
+adds of an error (an exception event's message and stack, a status's message) is taken out before
+a span is exported (`redacting`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is on (configure)
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
 
 Attribute = str | bool | int | float
@@ -235,6 +238,67 @@ class Tracing:
         await asyncio.to_thread(self.provider.shutdown)
 
 
+# What an event keeps of its attributes (the standard instrumentation's exception events: their
+# message and stack may quote an error's message, which may name a path or hold a caller's text).
+_EVENT_KEPT = frozenset({"exception.type", "exception.escaped"})
+
+
+def redacting(inner: SpanProcessor) -> SpanProcessor:
+    """`inner`, given each finished span with what the standard instrumentation may put in it of
+    an error's text taken out: events keep only an exception's type, and a status's description
+    is the contract's reason (or the gRPC code's name), never the status's message."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+
+    def redacted(span: ReadableSpan) -> ReadableSpan:
+        attributes = span.attributes or {}
+        events = [
+            Event(e.name, {k: v for k, v in (e.attributes or {}).items() if k in _EVENT_KEPT}, e.timestamp)
+            for e in span.events
+        ]
+        status = span.status
+        if status.description:
+            said = attributes.get(_PREFIX + "error.reason") or _code_name(
+                attributes.get("rpc.grpc.status_code")
+            )
+            status = Status(status.status_code, str(said) if said else None)
+        return ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=attributes,
+            events=events,
+            links=span.links,
+            kind=span.kind,
+            status=status,
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+
+    class Redacting(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            inner.on_start(span, parent_context)
+
+        def on_end(self, span: ReadableSpan) -> None:
+            inner.on_end(redacted(span))
+
+        def shutdown(self) -> None:
+            inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return inner.force_flush(timeout_millis)
+
+    return Redacting()
+
+
+def _code_name(value: object) -> str:
+    for code in grpc.StatusCode:
+        if code.value[0] == value:
+            return str(code.name)
+    return ""
+
+
 def _true(value: str | None) -> bool:
     return (value or "").strip().lower() == "true"
 
@@ -290,6 +354,6 @@ def configure(replica_id: str) -> Tracing | None:
     ours = Resource.create({"service.name": SERVICE_NAME, "service.instance.id": replica_id})
     provider = TracerProvider(resource=ours.merge(OTELResourceDetector().detect()))
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(redacting(BatchSpanProcessor(exporter)))
     install(provider)
     return Tracing(provider, tuple(names))

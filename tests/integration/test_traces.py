@@ -17,7 +17,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from agent_rewind.api.v1 import rewind_service_pb2, rewind_service_pb2_grpc
+from agent_rewind.api.v1 import (
+    rewind_service_pb2,
+    rewind_service_pb2_grpc,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
 from agent_rewind.testing.server_process import ServerProcess
 from tests.integration.harness import BOTH, client_of, error_info, prompt_id, read
 from tests.integration.otlp_receiver import CLIENT, INTERNAL, SERVER, OtlpReceiver, ReceivedSpan
@@ -96,12 +101,20 @@ async def test_a_forwarded_rewind_is_one_trace_from_the_caller_through_both_repl
                     rewind_service_pb2.RewindRequest(session_id=sid, message_id=str(uuid.uuid4()), mode=BOTH)
                 )
             assert error_info(refused.value).reason == "MESSAGE_NOT_FOUND"
+            # A refusal whose message names a path (the owner's, relayed through the other).
+            outside = str(tmp_path / "outside-every-root")
+            with pytest.raises(grpc.aio.AioRpcError) as outside_roots:
+                await session_service_pb2_grpc.SessionServiceStub(channel).ForkSession(
+                    session_service_pb2.ForkSessionRequest(session_id=sid, cwd=outside)
+                )
+            assert error_info(outside_roots.value).reason == "WORKSPACE_OUTSIDE_ROOT"
+            assert outside in outside_roots.value.details(), "the caller is told; the traces are not"
         assert await other.stop() == 0 and await owner.stop() == 0  # each flushes its spans
     finally:
         await other.close()
         await owner.close()
 
-    made, failed = sorted(
+    made, failed, _ = sorted(
         (s for s in caller_spans.get_finished_spans() if s.kind == SpanKind.CLIENT),
         key=lambda s: s.start_time or 0,
     )
@@ -149,8 +162,10 @@ async def test_a_forwarded_rewind_is_one_trace_from_the_caller_through_both_repl
     for turn in turns:
         assert len([s for s in _children(receiver.spans, turn) if s.name == "snapshot.take"]) == 2
     # No span, on either replica, holds a prompt's text or a path of the test's (workspace,
-    # state dirs): not in names, attributes, events, statuses or resources.
-    assert receiver.spans
+    # state dirs, the refused fork's): not in names, attributes, events, statuses or resources.
+    forks = [s for s in receiver.spans if s.name.endswith("/ForkSession")]
+    assert len(forks) == 3, "both server spans and the forward's client span"
+    assert all(s.attributes.get("agent_rewind.error.reason") for s in forks if s.kind == SERVER)
     for span in receiver.spans:
         assert secret not in span.text(), span.name
         assert str(tmp_path) not in span.text() and str(cwd) not in span.text(), span.name

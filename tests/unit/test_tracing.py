@@ -196,3 +196,32 @@ async def test_a_cancelled_span_says_cancelled(exported: InMemorySpanExporter) -
         await task
     (span,) = exported.get_finished_spans()
     assert (span.attributes or {})["error.type"] == "CANCELLED"
+
+
+def test_what_the_standard_instrumentation_says_of_an_error_is_taken_out_before_export() -> None:
+    """Its exception events quote the exception's message and stack, and its statuses the gRPC
+    status's message: either may name a path. Exported: the type, and the reason or the code."""
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(tracing.redacting(SimpleSpanProcessor(spans)))
+    tracer = provider.get_tracer("test")
+    path = "/home/someone/secret-project"
+    with tracer.start_as_current_span("server", record_exception=False) as server:
+        server.record_exception(ValueError(f"cwd {path!r} resolves outside the roots"))
+        server.set_attribute("agent_rewind.error.reason", "WORKSPACE_OUTSIDE_ROOT")
+        server.set_status(trace.Status(StatusCode.ERROR, f"INVALID_ARGUMENT:cwd {path!r}"))
+    with tracer.start_as_current_span("client") as client:
+        client.set_attribute("rpc.grpc.status_code", 3)
+        client.set_status(trace.Status(StatusCode.ERROR, f"AioRpcError: cwd {path!r}"))
+    exported_server, exported_client = spans.get_finished_spans()
+    assert [(e.name, dict(e.attributes or {})) for e in exported_server.events] == [
+        ("exception", {"exception.type": "ValueError", "exception.escaped": "False"})
+    ]
+    assert exported_server.status.description == "WORKSPACE_OUTSIDE_ROOT"
+    assert (exported_client.status.status_code, exported_client.status.description) == (
+        StatusCode.ERROR,
+        "INVALID_ARGUMENT",
+    )
+    for span in (exported_server, exported_client):
+        assert path not in repr((span.attributes, span.events, span.status.description))
+        assert span.parent is None and span.context is not None
