@@ -204,9 +204,9 @@ class Forwarder:
         self._methods.clear()
 
 
-def _traced(path: str, to: ReplicaRecord, session_id: str) -> dict[str, str]:
-    """A forward's span attributes: the method, the owner, the session (ids only)."""
-    return {"rpc_method": path.rsplit("/", 1)[-1], "owner": to.replica_id, "session_id": session_id}
+def _traced(path: str, to: ReplicaRecord, session_id: str) -> dict[str, str | None]:
+    """A forward's span attributes: the method, the owner, the session if any (ids only)."""
+    return {"rpc_method": path.rsplit("/", 1)[-1], "owner": to.replica_id, "session_id": session_id or None}
 
 
 def _count(path: str, started: float) -> None:
