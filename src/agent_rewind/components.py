@@ -21,7 +21,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 
-from agent_rewind import metrics
+from agent_rewind import metrics, tracing
 from agent_rewind.config import Config
 from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
@@ -246,9 +246,23 @@ class Listening:
         await self.server.stop(0)
 
 
+def open_tracing(made: Made, config: Config) -> tracing.Tracing | None:
+    """Traces, when the OTEL_* variables ask for them (tracing.py); flushed at the stop."""
+    try:
+        traces = tracing.configure(config.replica_id)
+    except (tracing.TracingConfigError, ImportError) as err:
+        raise StartError(str(err), usage=True) from err
+    if traces is None:
+        return None
+    made.push_async_callback(traces.close)
+    log.info("tracing on", exporters=list(traces.exporters))
+    return traces
+
+
 def listen(made: Made, config: Config, credentials: grpc.ServerCredentials | None) -> Listening:
-    """The gRPC server, bound to --listen (not serving yet)."""
+    """The gRPC server, bound to --listen (not serving yet); every RPC traced when tracing is on."""
     server = grpc.aio.server(
+        interceptors=tracing.server_interceptors(),
         options=[
             # A port in use is "address in use", never shared with another server.
             ("grpc.so_reuseport", 0),
@@ -257,7 +271,7 @@ def listen(made: Made, config: Config, credentials: grpc.ServerCredentials | Non
             # The other replicas' keepalive pings, during a turn that sends nothing for minutes.
             ("grpc.http2.min_recv_ping_interval_without_data_ms", ping_ms(config) // 2),
             ("grpc.http2.max_ping_strikes", 0),
-        ]
+        ],
     )
     try:
         port = (
@@ -282,6 +296,7 @@ def open_forwarder(
         owners,
         secret,
         credentials,
+        interceptors=tracing.client_interceptors(),
         options=(
             ("grpc.max_receive_message_length", 16 * MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

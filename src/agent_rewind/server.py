@@ -243,10 +243,12 @@ async def _make(
     stack to the running server, whose stop closes them: the chores; the sessions (running turns
     get the stop's grace), open calls, and detached work; the directory's lease; the side ports;
     the channels to other replicas; the port; the snapshot threads; the event hub; the ledger; the
-    scripted model; the egress proxy; the state dir's lock."""
+    scripted model; the egress proxy; the tracer provider (what is left exported); the state dir's
+    lock."""
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
+    components.open_tracing(made, config)  # before the port and the channels it instruments
 
     def reached(session_id: str, host: str, port: int) -> None:
         """The egress proxy opened a connection for a session's commands (only once it serves,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent_rewind import components, server
+from agent_rewind import components, server, tracing
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_service_pb2
 from agent_rewind.events import EventHub
 from agent_rewind.replicas import Membership
@@ -286,3 +286,15 @@ async def test_a_replica_whose_start_fails_at_any_step_leaves_nothing_open(
     replicas are closed too."""
     database = postgres.url(postgres.create_database())
     await _nothing_left_open(tmp_path, monkeypatch, step, database_url=database)
+
+
+@pytest.mark.parametrize("step", ["the port", "the services"])
+async def test_a_start_that_fails_with_tracing_on_leaves_no_exporter_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """With traces exported (OTLP, to a collector that is not there), a failed start closes the
+    tracer provider too: its export thread and channel, and the interceptors' provider."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+    await _nothing_left_open(tmp_path, monkeypatch, step)
+    assert not tracing.enabled()

@@ -107,6 +107,31 @@ def test_cli_gets_its_config_dir_and_home_under_the_state_dir(config: Config, of
     assert Path(env["HOME"]).is_relative_to(config.state_dir)
 
 
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "anthropic"])
+def test_no_otel_variable_of_the_service_reaches_the_cli(
+    monkeypatch: pytest.MonkeyPatch, config: Config, offline: bool
+) -> None:
+    """The service's trace settings are its own: the collector's credentials (headers, client
+    key) and where it is must not reach the CLI, nor switch on the CLI's own telemetry."""
+    otel = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer collector-token",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=collector-key",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/otel/client.key",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.internal:4317",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_SERVICE_NAME": "agent-rewind",
+    }
+    for name, value in otel.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-real-key")
+
+    env = cli_environment(config, scripted_model() if offline else None)
+
+    # Present by name and empty: the SDK starts the CLI with the service's environment under it.
+    assert {name: env[name] for name in otel} == dict.fromkeys(otel, "")
+    assert not [v for v in env.values() if "collector" in v]
+
+
 def test_extra_env_is_passed_to_the_cli(tmp_path: Path) -> None:
     config = Config(state_dir=tmp_path / "state", extra_env={"FOO": "bar"}).resolved()
     assert cli_environment(config, None)["FOO"] == "bar"

@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import faults, metrics, tasks
+from agent_rewind import faults, metrics, tasks, tracing
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -343,32 +343,40 @@ class RewindEngine:
         started = time.perf_counter()
         outcome = "failed"
         source = "checkpoint" if req.mode.files else "none"
-        try:
-            async with contextlib.nullcontext() if held else worker.exclusive():
-                await self.resolve_pending(worker)
-                previous = await self._previous(req)
-                if previous is not None:  # finished just now by resolve_pending, or before
-                    assert previous.result is not None
-                    outcome = "retried"
-                    return RewindOutcome.from_json(previous.result)
-                result = await self._rewind_locked(worker, req)
-                outcome = "applied"
-                if req.mode.files:
-                    source = result.files.source
-                metrics.REWIND_SECONDS.labels(req.mode.value).observe(time.perf_counter() - started)
-                return result
-        except AgentRewindError as err:
-            outcome = "failed" if err.reason in _FAILURES else "refused"
-            raise
-        finally:
-            if outcome != "retried":
-                metrics.REWINDS.labels(req.mode.value, outcome, source).inc()
+        with tracing.span("rewind", session_id=worker.session_id, mode=req.mode.value) as span:
+            try:
+                async with contextlib.nullcontext() if held else worker.exclusive():
+                    await self.resolve_pending(worker)
+                    previous = await self._previous(req)
+                    if previous is not None:  # finished just now by resolve_pending, or before
+                        assert previous.result is not None
+                        outcome = "retried"
+                        return RewindOutcome.from_json(previous.result)
+                    result = await self._rewind_locked(worker, req)
+                    outcome = "applied"
+                    if req.mode.files:
+                        source = result.files.source
+                    metrics.REWIND_SECONDS.labels(req.mode.value).observe(time.perf_counter() - started)
+                    span.set(rewind_id=result.rewind_id)
+                    return result
+            except AgentRewindError as err:
+                outcome = "failed" if err.reason in _FAILURES else "refused"
+                raise
+            finally:
+                span.set(outcome=outcome, files_source=source)
+                if outcome != "retried":
+                    metrics.REWINDS.labels(req.mode.value, outcome, source).inc()
 
     async def _rewind_locked(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
-        plan = await self._plan(worker, req)
-        for half in (plan.files, plan.conversation):
-            if half.refusal is not None:
-                raise RefusedHalf(half.refusal)
+        with tracing.span("rewind.plan") as span:
+            plan = await self._plan(worker, req)
+            span.set(
+                files_changed=len(plan.files.files_changed),
+                messages_dropped=plan.conversation.messages_dropped,
+            )
+            for half in (plan.files, plan.conversation):
+                if half.refusal is not None:
+                    raise RefusedHalf(half.refusal)
         faults.point("rewind.planned")
         rewind_id = str(uuid.uuid4())
         if plan.restore is not None and plan.now is not None and self._snapshots is not None:
@@ -398,17 +406,18 @@ class RewindEngine:
             planned_last_message_id=plan.last_message_id,
             planned_transcript_size=worker.transcript_size(),
         )
-        await self._ledger.begin_rewind(
-            NewRewind(
-                rewind_id=rewind_id,
-                session_id=worker.session_id,
-                message_id=req.message_id,
-                mode=req.mode.value,
-                plan=intent.to_json(),
-                principal=req.principal,
-                request=self._request(req),
+        with tracing.span("rewind.intent", rewind_id=rewind_id):
+            await self._ledger.begin_rewind(
+                NewRewind(
+                    rewind_id=rewind_id,
+                    session_id=worker.session_id,
+                    message_id=req.message_id,
+                    mode=req.mode.value,
+                    plan=intent.to_json(),
+                    principal=req.principal,
+                    request=self._request(req),
+                )
             )
-        )
         faults.point("rewind.intent_recorded")
         log.info(
             "rewind intent recorded", rewind_id=rewind_id, session_id=worker.session_id, mode=req.mode.value
@@ -485,23 +494,27 @@ class RewindEngine:
             log.error("dropping a rewind intent the conversation has moved past", rewind_id=record.rewind_id)
             raise _MovedOn("the rewind could not be finished; the conversation has changed since")
         if intent.restores_files and not record.files_applied and intent.snapshot is not None:
-            await self._restore_snapshot(worker, record, intent.snapshot)
-            faults.point("rewind.files_restored")
-            if anchor is not None:
-                await self._ledger.mark_files_applied(record.rewind_id)
-                faults.point("rewind.files_recorded")
+            with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="snapshot"):
+                await self._restore_snapshot(worker, record, intent.snapshot)
+                faults.point("rewind.files_restored")
+                if anchor is not None:
+                    await self._ledger.mark_files_applied(record.rewind_id)
+                    faults.point("rewind.files_recorded")
         elif intent.restores_files and not record.files_applied:
-            answer = await self._restore_files(worker, record, intent.target)
-            point = view.resolve(intent.target)
-            checkpoints.apply(checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history))
-            faults.point("rewind.files_restored")
-            if anchor is not None:
-                # Only a rewind with a conversation half needs this mark: it must be finished even
-                # if the conversation moves on. A files-only rewind interrupted here is restored
-                # again on recovery (restoring is idempotent), which saves a synced commit.
-                await self._ledger.mark_files_applied(record.rewind_id)
-                faults.point("rewind.files_recorded")
-            files = replace(files, skipped_links=answer.skipped_links)
+            with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="checkpoint"):
+                answer = await self._restore_files(worker, record, intent.target)
+                point = view.resolve(intent.target)
+                checkpoints.apply(
+                    checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history)
+                )
+                faults.point("rewind.files_restored")
+                if anchor is not None:
+                    # Only a rewind with a conversation half needs this mark: it must be finished even
+                    # if the conversation moves on. A files-only rewind interrupted here is restored
+                    # again on recovery (restoring is idempotent), which saves a synced commit.
+                    await self._ledger.mark_files_applied(record.rewind_id)
+                    faults.point("rewind.files_recorded")
+                files = replace(files, skipped_links=answer.skipped_links)
         conversation = intent.outcome.conversation
         last = view.last_message_id
         if anchor is not None and current:
@@ -524,15 +537,18 @@ class RewindEngine:
             principal=record.principal,
             data=event_data(intent.target, record.mode, final, owner=worker.record.principal),
         )
-        after = await self._capture_after(worker, intent) if files.can_rewind else None
-        result = Applied(final, files_after=after).to_json()
-        committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event)
-        if self._publish is not None:
-            self._publish(committed)
+        # The cut and the event, committed together with the rewind marked applied.
+        with tracing.span("rewind.completion", rewind_id=record.rewind_id, cut=anchor is not None):
+            after = await self._capture_after(worker, intent) if files.can_rewind else None
+            result = Applied(final, files_after=after).to_json()
+            committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event)
+            if self._publish is not None:
+                self._publish(committed)
         faults.point("rewind.completed")
         if anchor is not None:
             # The live process remembers the dropped turns: cut them there too.
-            await worker.cut_conversation(anchor.target_message_id)
+            with tracing.span("rewind.conversation", rewind_id=record.rewind_id):
+                await worker.cut_conversation(anchor.target_message_id)
         log.info(
             "rewind applied",
             rewind_id=record.rewind_id,

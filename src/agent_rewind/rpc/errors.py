@@ -87,6 +87,23 @@ def internal_status() -> status_pb2.Status:
     )
 
 
+def reason_in(status: grpc.Status) -> str:
+    """The contract's reason a status carries (its ErrorInfo, as `to_status` packs it), or its
+    code's name when it carries none (a transport's own status): what a trace records of it."""
+    for key, value in status.trailing_metadata or ():
+        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
+            continue
+        try:
+            details = status_pb2.Status.FromString(value).details
+        except Exception:  # not ours to judge: the status is relayed as it is anyway
+            break
+        for packed in details:
+            info = error_details_pb2.ErrorInfo()
+            if packed.Unpack(info) and info.reason:
+                return str(info.reason)
+    return str(status.code.name)
+
+
 async def abort(context: grpc.aio.ServicerContext, err: AgentRewindError) -> None:
     await context.abort_with_status(rpc_status.to_status(to_status(err)))
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 import structlog
 
-from agent_rewind import metrics
+from agent_rewind import metrics, tracing
 from agent_rewind.errors import AgentRewindError, InvalidArgument, ReplicaUnavailable
 from agent_rewind.replicas import Elsewhere
 from agent_rewind.rpc import auth as rpc_auth
@@ -45,14 +45,15 @@ async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> Asy
     """Domain errors become their status; anything unexpected becomes INTERNAL, logged here.
     Every call is counted by its status code and timed (rpc metrics)."""
     code = grpc.StatusCode.OK
+    reason: str | None = None
     started = time.perf_counter()
     try:
         yield
     except Relayed as relayed:  # the status of the replica the call was forwarded to
-        code = relayed.status.code
+        code, reason = relayed.status.code, relayed.reason
         await context.abort_with_status(relayed.status)
     except AgentRewindError as err:
-        code = STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL)
+        code, reason = STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL), err.reason
         # A stop ends every watch at once: one line for each would drown the log.
         level = logging.DEBUG if err.reason == "SHUTTING_DOWN" else logging.INFO
         log.log(level, "rpc refused", reason=err.reason, error=err.message)
@@ -64,10 +65,11 @@ async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> Asy
         code = grpc.StatusCode.CANCELLED  # the caller hung up (or a watch was cut off)
         raise
     except Exception:
-        code = grpc.StatusCode.INTERNAL
+        code, reason = grpc.StatusCode.INTERNAL, "INTERNAL"
         log.exception("rpc failed unexpectedly")
         await abort_internal(context)
     finally:
+        tracing.rpc_outcome(code.name, code.value[0], reason)
         metrics.RPCS.labels(method, code.name).inc()
         metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from agent_rewind import faults, tasks
+from agent_rewind import faults, tasks, tracing
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -100,8 +100,18 @@ class TurnRunner:
             self._by_request[request_id] = turn
             while len(self._by_request) > _TURNS_REMEMBERED:
                 self._by_request.pop(next(iter(self._by_request)))
-        self._task = tasks.detach(self._run(turn), name=f"turn-{w.session_id}")
+        self._task = tasks.detach(self._traced(turn), name=f"turn-{w.session_id}")
         return turn
+
+    async def _traced(self, turn: Turn) -> None:
+        """The turn, in a span of its own (a child of the Prompt that accepted it)."""
+        with tracing.span("turn", session_id=turn.session_id, prompt_id=turn.prompt_id) as span:
+            try:
+                await self._run(turn)
+            finally:
+                span.set(sent=turn.sent, interrupted=turn.interrupted, killed=turn.killed)
+                if turn.error is not None:
+                    span.error(turn.error.reason)
 
     async def _known_turn(self, request: NewRequest, text: str) -> Turn | None:
         """The turn a request id already started, if any (in memory, or recorded)."""

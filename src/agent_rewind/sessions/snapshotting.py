@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import shutil
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import TypeVar
 
 import structlog
 
-from agent_rewind import metrics
+from agent_rewind import metrics, tracing
 from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore, directory_bytes
 from agent_rewind.store.ledger import NewSnapshot, SnapshotOrder, SnapshotRecord
 
@@ -85,8 +86,10 @@ class Snapshots:
         return found
 
     async def run(self, work: Callable[[], T]) -> T:
-        """Runs blocking store work in the snapshot threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        """Runs blocking store work in the snapshot threads, in the caller's context (as
+        `asyncio.to_thread` does): a span there is the caller's child."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._executor, context.run, work)
 
     async def records(self, session_id: str) -> list[SnapshotRecord]:
         found = self._records.get(session_id)
@@ -104,7 +107,7 @@ class Snapshots:
             while len(self._watching) > MAX_WATCHED:  # each watch holds an inotify instance
                 self._stop_watching(next(iter(self._watching)))
         try:
-            snapshot = await self.run(store.take)
+            snapshot = await self.run(lambda: _take(store, session_id))
         except Exception as err:  # git missing, disk full, ...: incomplete, never a silent success
             log.error("workspace snapshot failed", session_id=session_id, error=str(err))
             snapshot = Snapshot(None, False, f"error: {err}")
@@ -222,3 +225,12 @@ class Snapshots:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _take(store: SnapshotStore, session_id: str) -> Snapshot:
+    """A take, in a snapshot thread, in a span: how it was taken and whether it is complete (not
+    its reason, which may name a path)."""
+    with tracing.span("snapshot.take", session_id=session_id) as span:
+        snapshot = store.take()
+        span.set(how=snapshot.how or "failed", complete=snapshot.complete)
+        return snapshot

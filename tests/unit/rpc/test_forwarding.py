@@ -5,6 +5,7 @@ handlers (rpc/handlers.py) and the real authenticator; the owner is a stand-in f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -14,8 +15,12 @@ from typing import Any
 import grpc
 import pytest
 from grpc_status import rpc_status
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
-from agent_rewind import metrics
+from agent_rewind import metrics, tracing
 from agent_rewind.access import LOCAL
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.errors import SessionNotFound
@@ -78,11 +83,14 @@ class _Owner:
     """What reached the owner: each call's metadata and remaining time, and how streams ended."""
 
     calls: list[tuple[dict[str, str], float | None]] = field(default_factory=list)
+    # Each call's metadata as it came, every value of a repeated key.
+    raw: list[list[tuple[str, str | bytes]]] = field(default_factory=list)
     stream_ended: asyncio.Event = field(default_factory=asyncio.Event)
     stream_cancelled: bool = False
     fail_with: Exception | None = None
 
     def _record(self, context: grpc.aio.ServicerContext) -> None:
+        self.raw.append([(k, v) for k, v in context.invocation_metadata() or ()])
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         self.calls.append((metadata, context.time_remaining()))
 
@@ -112,6 +120,13 @@ def _identity(data: bytes) -> bytes:
 
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[grpc.aio.Channel, _Owner, _Owners]]:
+    async with _pair() as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def _pair() -> AsyncIterator[tuple[grpc.aio.Channel, _Owner, _Owners]]:
+    """The front and the owner; traced (the front's server and forwarder) when tracing is on."""
     owner = _Owner()
     back = grpc.aio.server()
     back.add_generic_rpc_handlers(
@@ -133,8 +148,8 @@ async def pair() -> AsyncIterator[tuple[grpc.aio.Channel, _Owner, _Owners]]:
     await back.start()
     to = ReplicaRecord("owner", f"127.0.0.1:{back_port}", 1, datetime.now(UTC), True)
     owners = _Owners(to)
-    forwarder = Forwarder(owners, SECRET)  # type: ignore[arg-type]
-    front = grpc.aio.server()
+    forwarder = Forwarder(owners, SECRET, interceptors=tracing.client_interceptors())  # type: ignore[arg-type]
+    front = grpc.aio.server(interceptors=tracing.server_interceptors())
     registration.add(front, SESSION_SERVICE, _Front(forwarder))
     front_port = front.add_insecure_port("127.0.0.1:0")
     await front.start()
@@ -350,3 +365,118 @@ async def test_a_replica_without_a_secret_accepts_no_forwarded_call_whatever_it_
     finally:
         await channel.close()
         await front.stop(0)
+
+
+# With tracing on (tracing.py): the front's server span, the forward's span and its client span,
+# and the trace context the owner gets.
+
+
+@pytest.fixture
+async def traced() -> AsyncIterator[tuple[grpc.aio.Channel, _Owner, _Owners, InMemorySpanExporter]]:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.install(provider)
+    try:
+        async with _pair() as (channel, owner, owners):
+            yield channel, owner, owners, spans
+    finally:
+        tracing.uninstall()
+
+
+def _named(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
+    (found,) = [s for s in spans.get_finished_spans() if s.name == name]
+    return found
+
+
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_PARENT = "b7ad6b7169203331"
+
+
+async def test_the_owner_gets_one_traceparent_the_forwards_own_never_what_the_caller_sent(
+    traced: tuple[grpc.aio.Channel, _Owner, _Owners, InMemorySpanExporter],
+) -> None:
+    channel, owner, _, spans = traced
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    # A tracestate and a baggage the propagator cannot read: it writes none, and the caller's
+    # must not slip through in its place.
+    smuggled = ("tracestate", "=not a tracestate="), ("baggage", "%%% not baggage")
+    await stub.GetSession(
+        session_service_pb2.GetSessionRequest(session_id=SID),
+        metadata=(
+            ("traceparent", f"00-{'f' * 32}-{'e' * 16}-01"),
+            ("traceparent", f"00-{CALLER_TRACE}-{CALLER_PARENT}-01"),  # gRPC keeps the last
+            *smuggled,
+            ("x-request-origin", "web"),
+        ),
+    )
+    (raw,) = owner.raw
+    parents = [v for k, v in raw if k == "traceparent"]
+    assert len(parents) == 1
+    assert not [k for k, _ in raw if k in ("tracestate", "baggage")], raw
+    sent = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CLIENT]
+    assert len(sent) == 1
+    client = sent[0]
+    assert parents[0] == f"00-{CALLER_TRACE}-{client.context.span_id:016x}-01", "the forward's client span"
+    assert ("x-request-origin", "web") in raw, "the caller's other metadata still goes along"
+    front = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    forward = _named(spans, "forward")
+    assert len(front) == 1 and front[0].parent is not None
+    assert f"{front[0].parent.span_id:016x}" == CALLER_PARENT, "the caller's span is the front's parent"
+    assert forward.parent is not None and forward.parent.span_id == front[0].context.span_id
+    assert client.parent is not None and client.parent.span_id == forward.context.span_id
+    assert dict(forward.attributes or {}) == {
+        "agent_rewind.rpc_method": "GetSession",
+        "agent_rewind.owner": "owner",
+        "agent_rewind.session_id": SID,
+    }
+
+
+async def test_the_owners_refusal_is_on_the_fronts_spans_by_its_reason(
+    traced: tuple[grpc.aio.Channel, _Owner, _Owners, InMemorySpanExporter],
+) -> None:
+    channel, owner, _, spans = traced
+    owner.fail_with = SessionNotFound(SID)
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID))
+    (front,) = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    forward = _named(spans, "forward")
+    assert (front.attributes or {})["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert (front.attributes or {})["agent_rewind.error.reason"] == "SESSION_NOT_FOUND"
+    assert (forward.attributes or {})["agent_rewind.error.reason"] == "SESSION_NOT_FOUND"
+    assert (forward.attributes or {})["agent_rewind.grpc_status"] == "NOT_FOUND"
+
+
+async def test_an_unreachable_owner_fails_the_fronts_server_span_as_replica_unavailable(
+    traced: tuple[grpc.aio.Channel, _Owner, _Owners, InMemorySpanExporter],
+) -> None:
+    channel, _, owners, spans = traced
+    owners.to = ReplicaRecord("gone", "127.0.0.1:1", 1, datetime.now(UTC), True)  # nothing listens
+    with pytest.raises(grpc.aio.AioRpcError):
+        await session_service_pb2_grpc.SessionServiceStub(channel).GetSession(
+            session_service_pb2.GetSessionRequest(session_id=SID)
+        )
+    (front,) = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert (front.attributes or {})["agent_rewind.error.reason"] == "REPLICA_UNAVAILABLE"
+    assert front.status.description == "REPLICA_UNAVAILABLE", "a server fault: the span is an error"
+
+
+async def test_a_caller_that_hangs_up_on_a_traced_stream_cancels_the_forwarded_one_and_ends_its_span(
+    traced: tuple[grpc.aio.Channel, _Owner, _Owners, InMemorySpanExporter],
+) -> None:
+    channel, owner, _, spans = traced
+    stub = session_service_pb2_grpc.SessionServiceStub(channel)
+    call = stub.Prompt(session_service_pb2.PromptRequest(session_id=SID, text="hi"))
+    seen = [await call.read() for _ in range(3)]
+    assert [e.message_id for e in seen] == ["part 0", "part 1", "part 2"]
+    call.cancel()
+    await asyncio.wait_for(owner.stream_ended.wait(), 10)
+    assert owner.stream_cancelled, "the owner's stream was cancelled, not left running"
+    async with asyncio.timeout(10):
+        while not [s for s in spans.get_finished_spans() if s.name == "forward"]:
+            await asyncio.sleep(0.01)
+    forward = _named(spans, "forward")
+    assert (forward.attributes or {})["agent_rewind.error.reason"] == "CANCELLED"
+    (raw,) = owner.raw
+    assert len([k for k, _ in raw if k == "traceparent"]) == 1
