@@ -25,7 +25,9 @@ import time
 import uuid
 from pathlib import Path
 
-from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
+import grpc
+
+from agent_rewind.api.v1 import rewind_service_pb2, rewind_service_pb2_grpc, session_service_pb2
 from agent_rewind.store.ledger import NewEvent, NewRewind
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.server_process import ServerProcess
@@ -104,6 +106,36 @@ class _Watchers:
         return out
 
 
+class _Floor:
+    """The fan-out floor (`benchmarks/fanout_floor.py`) as a process of its own, serving the
+    same two methods the latency measure calls."""
+
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self.address = ""
+        self.rewinds: rewind_service_pb2_grpc.RewindServiceStub | None = None
+        self._channel: grpc.aio.Channel | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.fanout_floor", stdout=asyncio.subprocess.PIPE
+        )
+        assert self.proc.stdout is not None
+        said = (await self.proc.stdout.readline()).decode().split()
+        if said[:1] != ["listening"]:
+            raise RuntimeError(f"the fan-out floor said {said!r}, not its port")
+        self.address = f"127.0.0.1:{said[1]}"
+        self._channel = grpc.aio.insecure_channel(self.address)
+        self.rewinds = rewind_service_pb2_grpc.RewindServiceStub(self._channel)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            await self.proc.wait()
+
+
 def _rss_kb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -129,7 +161,7 @@ async def _session(server: ServerProcess) -> tuple[str, list[str]]:
 
 
 async def _latencies(
-    server: ServerProcess, sid: str, ids: list[str], watchers: int, rewinds: int
+    server: ServerProcess | _Floor, sid: str, ids: list[str], watchers: int, rewinds: int
 ) -> tuple[list[float], list[float], float]:
     """With `watchers` open: each receipt less its Rewind's return, each Rewind's duration, and
     the server's CPU seconds per rewind (the rewind, its event and the fan-out)."""
@@ -158,7 +190,7 @@ async def _latencies(
     return heard, durations, cpu / rewinds
 
 
-async def _newest(server: ServerProcess) -> int:
+async def _newest(server: ServerProcess | _Floor) -> int:
     assert server.rewinds is not None
     call = server.rewinds.WatchRewindEvents(rewind_service_pb2.WatchRewindEventsRequest())
     try:
@@ -230,22 +262,30 @@ async def _replaying_kb(
 async def _run(work: Path, rounds: int, rewinds: int) -> Report:
     # Every watcher here is one principal's: its bound on streams is raised past the groups'.
     server = ServerProcess(work / "state", args=["--max-watch-streams-per-principal", str(4 * GROUPS[-1])])
+    floor = _Floor()
+    most = GROUPS[-1]
     try:
-        await server.start()
+        await asyncio.gather(server.start(), floor.start())
         sid, ids = await _session(server)
-        before, with_idle = await _idle_kb(server, GROUPS[-1])
+        before, with_idle = await _idle_kb(server, most)
         samples: dict[int, list[float]] = {g: [] for g in GROUPS}
         durations: dict[int, list[float]] = {g: [] for g in GROUPS}
         cpu: dict[int, list[float]] = {g: [] for g in GROUPS}
+        floor_heard: list[float] = []
+        floor_cpu: list[float] = []
         for r in range(rounds):
             for group in GROUPS if r % 2 == 0 else reversed(GROUPS):
                 heard, took, used = await _latencies(server, sid, ids, group, rewinds)
                 samples[group] += heard
                 durations[group] += took
                 cpu[group].append(used)
-        replay_before, replaying, log_length = await _replaying_kb(server, sid, ids, GROUPS[-1])
+                if group == most:  # the floor right after (or before) the same group
+                    heard, _, used = await _latencies(floor, sid, ids, most, rewinds)
+                    floor_heard += heard
+                    floor_cpu.append(used)
+        replay_before, replaying, log_length = await _replaying_kb(server, sid, ids, most)
     finally:
-        await server.close()
+        await asyncio.gather(server.close(), floor.close())
 
     report = Report(
         "Events: from Rewind returning to each watcher's receipt",
@@ -263,12 +303,28 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
                 fmt_time(statistics.median(durations[group])),
             ]
         )
+    report.rows.append(
+        [
+            f"{most:,} (floor: a bare grpc.aio fan-out)",
+            f"{len(floor_heard):,}",
+            fmt_time(statistics.median(floor_heard)),
+            fmt_time(percentile(floor_heard, 0.99)),
+            fmt_time(max(floor_heard)),
+            "-",
+        ]
+    )
     per_watcher = (with_idle - before) / GROUPS[-1]
-    most = GROUPS[-1]
     fan_out = (statistics.median(cpu[most]) - statistics.median(cpu[0])) / most
     report.infos.append(
         f"the server's CPU per event per watcher: {fmt_time(fan_out)} (CPU per rewind with {most:,} "
         f"watchers less with none, over {most:,}); the fan-out is this times the watchers"
+    )
+    floor_p99 = percentile(floor_heard, 0.99)
+    report.infos.append(
+        f"the floor (benchmarks/fanout_floor.py: the same watchers, one asyncio.Event per event, the same "
+        f"bytes written to every stream, nothing else): p99 {fmt_time(floor_p99)} at {most:,} watchers, "
+        f"CPU per event per watcher {fmt_time(statistics.median(floor_cpu) / most)}; the service's p99 "
+        f"is {percentile(samples[most], 0.99) / floor_p99:.2f}x the floor's"
     )
     p99 = percentile(samples[GROUPS[-1]], 0.99)
     report.targets += [
