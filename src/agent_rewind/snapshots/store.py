@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import stat
 import threading
@@ -48,14 +49,18 @@ from typing import Any
 
 import structlog
 
-from agent_rewind.snapshots import compare
+from agent_rewind.snapshots import compare, gitindex
+from agent_rewind.snapshots.bulk import hash_files
 from agent_rewind.snapshots.compare import DEFAULT_DIFF_BYTES, Change, ChangeKind, FileDiff, tree_id
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, RestoreError, SnapshotError, UnsafePath
 from agent_rewind.snapshots.files import Entry, Workspace, split
 from agent_rewind.snapshots.git import Git
 from agent_rewind.snapshots.objects import MODE_TREE, Objects
+from agent_rewind.snapshots.packs import PackWriter, write_trees
 from agent_rewind.snapshots.restore import restore_paths
+from agent_rewind.snapshots.seed import seed
 from agent_rewind.snapshots.scan import (
+    Plan,
     capturable,
     index_plan,
     listed_paths,
@@ -105,7 +110,8 @@ class Snapshot:
     seconds: float = 0.0
     # How it was taken: "unchanged" (the watch saw nothing change: the last tree), "watched"
     # (the changed files hashed here), "paths" (git scanned the changed directories), "scan"
-    # (git scanned the whole workspace); "" when it failed before knowing.
+    # (git scanned the whole workspace), "seeded" (a first snapshot that took files from the
+    # workspace's own git: `seed`); "" when it failed before knowing.
     how: str = ""
 
 
@@ -178,6 +184,7 @@ class SnapshotStore:
     def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
         self._git.init()
         self._git.clear_stale_locks()  # a take killed at its deadline may have left one
+        fresh = not self._git.index.exists()  # the first take: nothing is known of any file
         try:
             paths = self._changed(last, deadline)
         except GitFailed:  # the index cannot be read: the scan below finds so, and rebuilds it
@@ -209,8 +216,9 @@ class SnapshotStore:
             self._git.drop_index()
             self._unsynced.clear()
             self._how = "scan"
+            fresh = True
             changed, others = self._scan(deadline)
-        return self._record(changed, others, deadline)
+        return self._record(changed, others, deadline, fresh)
 
     def _sync_index(self, deadline: float | None) -> None:
         """Gives the index the entries `_take_known` recorded without it (from the tree it wrote
@@ -342,8 +350,11 @@ class SnapshotStore:
             self._watch = None
         return None
 
-    def _record(self, changed: bytes, others: bytes, deadline: float) -> tuple[str | None, list[str]]:
-        """Adds what the scan found to the index, and writes its tree."""
+    def _record(
+        self, changed: bytes, others: bytes, deadline: float, fresh: bool = False
+    ) -> tuple[str | None, list[str]]:
+        """Adds what the scan found to the index, and writes its tree. `fresh`: the index held
+        nothing: every file is new (`_record_first`)."""
         untracked: list[str] = []
         nested: list[str] = []
         for path in listed_paths(others):
@@ -351,6 +362,8 @@ class SnapshotStore:
         if nested:
             untracked += nested_files(self._git, self.workspace, nested, deadline)
         plan = index_plan(self.workspace, listed_paths(changed), untracked, self.limits.max_file_bytes)
+        if fresh and not plan.drop:
+            return self._record_first(plan, deadline)
         if plan.added_bytes > self.limits.max_total_bytes:
             return None, [
                 f"total over {self.limits.max_total_bytes} bytes: {plan.added_bytes} bytes changed",
@@ -376,6 +389,32 @@ class SnapshotStore:
         with contextlib.suppress(SnapshotError, OSError):  # tidying only: the tree is written
             self._git.drop_unused_shared_indexes()
         return tree, plan.problems
+
+    def _record_first(self, plan: Plan, deadline: float) -> tuple[str | None, list[str]]:
+        """The first snapshot: the index is written here, whole. Files the workspace's own git
+        knows unchanged are taken from it (`seed`); the others are hashed into one pack
+        (`bulk`), rather than one loose object each. The index gets every file's stat data, so
+        the next scan hashes only what changed since."""
+        known = seed(self._git, self.workspace, plan.stats, deadline)
+        rest = [path for path in plan.update if path not in known]
+        hashing = sum(plan.stats[path].st_size for path in rest)
+        if hashing > self.limits.max_total_bytes:
+            return None, [
+                f"total over {self.limits.max_total_bytes} bytes: {hashing} bytes changed",
+                *plan.problems,
+            ]
+        if known:
+            self._how = "seeded"
+        with PackWriter(self._git) as pack:
+            hashed, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
+            known.update(hashed)
+            tree = write_trees(pack, {path: (k.mode, k.oid) for path, k in known.items()})
+            pack.finish(deadline)
+        index = gitindex.write((os.fsencode(path), k.oid, k.stat) for path, k in known.items())
+        scratch = self._git.index.with_name(f".{self._git.index.name}.{secrets.token_hex(4)}.tmp")
+        scratch.write_bytes(index)
+        scratch.replace(self._git.index)
+        return tree, [*plan.problems, *problems]
 
     def _scan(self, deadline: float, paths: Iterable[str] | None = None) -> tuple[bytes, bytes]:
         """The tracked paths whose stat data changed, and the untracked ones (not ignored): of
