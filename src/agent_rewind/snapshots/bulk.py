@@ -46,7 +46,9 @@ class _Directories:
 
     def parent(self, parts: list[str]) -> int:
         depth = 0
-        while depth + 1 < len(self._chain) and depth < len(parts) and self._chain[depth + 1][0] == parts[depth]:
+        while (
+            depth + 1 < len(self._chain) and depth < len(parts) and self._chain[depth + 1][0] == parts[depth]
+        ):
             depth += 1
         for _, fd in self._chain[depth + 1 :]:
             os.close(fd)

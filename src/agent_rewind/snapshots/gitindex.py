@@ -39,7 +39,7 @@ MODE_GITLINK = 0o160000
 MODE_DIRECTORY = 0o040000  # a sparse directory entry
 
 
-class IndexError_(ValueError):
+class BadIndex(ValueError):
     """The file is not an index this module reads (bad signature, version, checksum, shape)."""
 
 
@@ -87,18 +87,18 @@ class IndexEntry(NamedTuple):
 
 
 def parse(data: bytes) -> list[IndexEntry]:
-    """The entries of an index file's bytes. Raises IndexError_ for anything git would not read,
+    """The entries of an index file's bytes. Raises BadIndex for anything git would not read,
     and for a split index."""
     if len(data) < _HEAD.size + _OID:
-        raise IndexError_("too short")
+        raise BadIndex("too short")
     body, checksum = data[:-_OID], data[-_OID:]
     if hashlib.sha1(body, usedforsecurity=False).digest() != checksum:
-        raise IndexError_("its checksum does not match (not a SHA-1 index, or damaged)")
+        raise BadIndex("its checksum does not match (not a SHA-1 index, or damaged)")
     signature, version, count = _HEAD.unpack_from(body, 0)
     if signature != SIGNATURE:
-        raise IndexError_("not an index (signature)")
+        raise BadIndex("not an index (signature)")
     if version not in (2, 3, 4):
-        raise IndexError_(f"index version {version}")
+        raise BadIndex(f"index version {version}")
     entries: list[IndexEntry] = []
     at = _HEAD.size
     previous = b""
@@ -107,23 +107,23 @@ def parse(data: bytes) -> list[IndexEntry]:
     end = len(body)
     for _ in range(count):
         if at + size > end:
-            raise IndexError_("an entry runs past the end")
+            raise BadIndex("an entry runs past the end")
         *fields, raw_oid, flags = unpack(body, at)
         start = at
         at += size
         extended = 0
         if flags & EXTENDED:
             if version < 3:
-                raise IndexError_("an extended entry in a version 2 index")
+                raise BadIndex("an extended entry in a version 2 index")
             (extended,) = struct.unpack_from(">H", body, at)
             at += 2
         if version == 4:
             strip, at = _varint(body, at)
             if strip > len(previous):
-                raise IndexError_("a prefix longer than the previous name")
+                raise BadIndex("a prefix longer than the previous name")
             nul = body.find(b"\0", at)
             if nul < 0:
-                raise IndexError_("a name without its end")
+                raise BadIndex("a name without its end")
             path = previous[: len(previous) - strip] + body[at:nul]
             at = nul + 1
         else:
@@ -131,16 +131,16 @@ def parse(data: bytes) -> list[IndexEntry]:
             if length < NAME_MASK:
                 nul = at + length
                 if nul >= end or body[nul] != 0:
-                    raise IndexError_("a name of the wrong length")
+                    raise BadIndex("a name of the wrong length")
             else:
                 nul = body.find(b"\0", at)
                 if nul < 0:
-                    raise IndexError_("a name without its end")
+                    raise BadIndex("a name without its end")
             path = body[at:nul]
             # padded with 1 to 8 NULs to a multiple of 8 bytes from the entry's start
             at = start + ((nul - start + 8) & ~7)
             if at > end:
-                raise IndexError_("an entry's padding runs past the end")
+                raise BadIndex("an entry's padding runs past the end")
         previous = path
         entries.append(IndexEntry(path, raw_oid.hex(), Stat._make(fields), flags, extended))
     _check_extensions(body, at)
@@ -150,13 +150,13 @@ def parse(data: bytes) -> list[IndexEntry]:
 def _varint(data: bytes, at: int) -> tuple[int, int]:
     """Git's offset varint (version 4 prefixes): 7 bits a byte, each continuation adds one."""
     if at >= len(data):
-        raise IndexError_("a prefix runs past the end")
+        raise BadIndex("a prefix runs past the end")
     byte = data[at]
     at += 1
     value = byte & 0x7F
     while byte & 0x80:
         if at >= len(data) or value > 1 << 32:
-            raise IndexError_("a bad prefix length")
+            raise BadIndex("a bad prefix length")
         byte = data[at]
         at += 1
         value = ((value + 1) << 7) | (byte & 0x7F)
@@ -166,14 +166,14 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
 def _check_extensions(body: bytes, at: int) -> None:
     while at < len(body):
         if at + 8 > len(body):
-            raise IndexError_("a truncated extension")
+            raise BadIndex("a truncated extension")
         name = body[at : at + 4]
         (length,) = struct.unpack_from(">I", body, at + 4)
         if name == b"link":
-            raise IndexError_("a split index (its entries are in another file)")
+            raise BadIndex("a split index (its entries are in another file)")
         at += 8 + length
         if at > len(body):
-            raise IndexError_("an extension runs past the end")
+            raise BadIndex("an extension runs past the end")
 
 
 def write(entries: Iterable[tuple[bytes, str, Stat]]) -> bytes:

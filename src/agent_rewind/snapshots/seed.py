@@ -90,9 +90,7 @@ def git_mode(info: os.stat_result) -> int:
     return gitindex.MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else gitindex.MODE_FILE
 
 
-def seed(
-    git: Git, workspace: Path, stats: Mapping[str, os.stat_result], deadline: float
-) -> dict[str, Known]:
+def seed(git: Git, workspace: Path, stats: Mapping[str, os.stat_result], deadline: float) -> dict[str, Known]:
     """The paths of `stats` (each with its lstat) whose blob was copied from the workspace's git
     into the store's repository; {} when the workspace is not a usable git checkout. Never raises
     for the workspace's content; GitTimeout past the deadline."""
@@ -169,7 +167,7 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
         os.close(root)
     try:
         parsed = gitindex.parse(data)
-    except gitindex.IndexError_ as err:
+    except gitindex.BadIndex as err:
         raise NotSeedable(f".git/index cannot be used: {err}") from err
     entries: dict[str, IndexEntry] = {}
     twice: set[str] = set()

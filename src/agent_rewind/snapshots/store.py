@@ -58,7 +58,6 @@ from agent_rewind.snapshots.git import Git
 from agent_rewind.snapshots.objects import MODE_TREE, Objects
 from agent_rewind.snapshots.packs import PackWriter, write_trees
 from agent_rewind.snapshots.restore import restore_paths
-from agent_rewind.snapshots.seed import seed
 from agent_rewind.snapshots.scan import (
     Plan,
     capturable,
@@ -69,6 +68,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
+from agent_rewind.snapshots.seed import seed
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
