@@ -131,6 +131,8 @@ def nested_files(git: Git, workspace: Path, directories: list[str], deadline: fl
 
 def refused_by_git(path: str, is_link: bool) -> str:
     """Why git's verify_path would skip this path (it only says so on stderr), or ''."""
+    if ".git" not in path.lower():  # most paths: no component can be one
+        return ""
     parts = path.split("/")
     if any(part.lower() == ".git" for part in parts):
         return "a .git component"

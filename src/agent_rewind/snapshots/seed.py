@@ -38,9 +38,11 @@ import errno
 import os
 import re
 import stat
+import struct
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,13 +92,20 @@ def git_mode(info: os.stat_result) -> int:
     return gitindex.MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else gitindex.MODE_FILE
 
 
-def seed(git: Git, workspace: Path, stats: Mapping[str, os.stat_result], deadline: float) -> dict[str, Known]:
+def seed(
+    git: Git,
+    workspace: Path,
+    stats: Mapping[str, os.stat_result],
+    deadline: float,
+    index: Future[tuple[dict[str, IndexEntry], int]] | None = None,
+) -> dict[str, Known]:
     """The paths of `stats` (each with its lstat) whose blob was copied from the workspace's git
     into the store's repository; {} when the workspace is not a usable git checkout. Never raises
-    for the workspace's content; GitTimeout past the deadline."""
+    for the workspace's content; GitTimeout past the deadline. `index`: `read_index` of the
+    workspace, started earlier (in a thread, while git lists the workspace)."""
     try:
-        entries, index_mtime_ns = read_index(workspace)
-    except NotSeedable as err:
+        entries, index_mtime_ns = index.result() if index is not None else read_index(workspace)
+    except (NotSeedable, OSError) as err:
         if str(err):
             log.info("first snapshot not seeded from git", workspace=str(workspace), why=str(err))
         return {}
@@ -106,7 +115,8 @@ def seed(git: Git, workspace: Path, stats: Mapping[str, os.stat_result], deadlin
         entry = entries.get(path)
         if entry is None or not trusted(entry, info, index_mtime_ns):
             continue
-        candidates[path] = Known(_MODES[entry.stat.mode], entry.oid, Stat.of(entry.stat.mode, info))
+        # Its stat data are the file's (`trusted` compared them): the store's index keeps them.
+        candidates[path] = Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
         sizes[entry.oid] = info.st_size
     if not candidates:
         return {}
@@ -167,7 +177,7 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
         os.close(root)
     try:
         parsed = gitindex.parse(data)
-    except gitindex.BadIndex as err:
+    except (gitindex.BadIndex, struct.error, ValueError) as err:
         raise NotSeedable(f".git/index cannot be used: {err}") from err
     entries: dict[str, IndexEntry] = {}
     twice: set[str] = set()

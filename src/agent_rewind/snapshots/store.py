@@ -42,10 +42,11 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -55,6 +56,7 @@ from agent_rewind.snapshots.compare import DEFAULT_DIFF_BYTES, Change, ChangeKin
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, RestoreError, SnapshotError, UnsafePath
 from agent_rewind.snapshots.files import Entry, Workspace, split
 from agent_rewind.snapshots.git import Git
+from agent_rewind.snapshots.gitindex import IndexEntry
 from agent_rewind.snapshots.objects import MODE_TREE, Objects
 from agent_rewind.snapshots.packs import PackWriter, write_trees
 from agent_rewind.snapshots.restore import restore_paths
@@ -68,7 +70,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
-from agent_rewind.snapshots.seed import seed
+from agent_rewind.snapshots.seed import read_index, seed
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
@@ -85,6 +87,8 @@ __all__ = [
 ]
 
 KEEP_REF = "refs/agent-rewind/keep"
+
+T = TypeVar("T")
 
 log = structlog.get_logger(__name__)
 
@@ -143,6 +147,8 @@ class SnapshotStore:
         self._written: str | None = None  # the tree `_take_known` wrote last
         self._how = ""  # how the current take goes (Snapshot.how)
         self._watch: Watch | None = Watch(workspace) if watch else None
+        # A first take reads the workspace's own git index while git lists the workspace.
+        self._workspace_index: Future[tuple[dict[str, IndexEntry], int]] | None = None
         # The tree the index held after the last complete snapshot, while the watch has seen
         # every change since; None when the next snapshot must scan the whole workspace.
         self._tree: str | None = None
@@ -185,6 +191,7 @@ class SnapshotStore:
         self._git.init()
         self._git.clear_stale_locks()  # a take killed at its deadline may have left one
         fresh = not self._git.index.exists()  # the first take: nothing is known of any file
+        self._workspace_index = _background(read_index, self.workspace) if fresh else None
         try:
             paths = self._changed(last, deadline)
         except GitFailed:  # the index cannot be read: the scan below finds so, and rebuilds it
@@ -395,7 +402,8 @@ class SnapshotStore:
         knows unchanged are taken from it (`seed`); the others are hashed into one pack
         (`bulk`), rather than one loose object each. The index gets every file's stat data, so
         the next scan hashes only what changed since."""
-        known = seed(self._git, self.workspace, plan.stats, deadline)
+        parsed, self._workspace_index = self._workspace_index, None
+        known = seed(self._git, self.workspace, plan.stats, deadline, parsed)
         rest = [path for path in plan.update if path not in known]
         hashing = sum(plan.stats[path].st_size for path in rest)
         if hashing > self.limits.max_total_bytes:
@@ -586,6 +594,21 @@ class SnapshotStore:
             raise SnapshotError(f"{self.repo} is a symbolic link; not deleting through it")
         if self.repo.exists():
             shutil.rmtree(self.repo)
+
+
+def _background(work: Callable[[Path], T], arg: Path) -> Future[T]:
+    """`work(arg)` in a thread of its own (it mostly waits on the disk or parses while a git
+    process runs); the future holds its result or its exception."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work(arg))
+        except BaseException as err:  # handed to whoever asks for the result
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="snapshot-read-index", daemon=True).start()
+    return future
 
 
 def _summary(problems: Sequence[str], shown: int = 3) -> str:
