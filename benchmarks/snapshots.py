@@ -27,7 +27,7 @@ same content. Four rows, each measured side by side in one run:
    giving the next round its point. Every result must come from the source its row names.
 
 5. The first snapshot of a 100,000-file workspace (FIRST files, each a new store's first
-   `take()`): a git checkout of it (committed and packed, as a clone is: the snapshot is seeded
+   `take()`, watching its workspace as the server runs it): a git checkout of it (committed and packed, as a clone is: the snapshot is seeded
    from its index and objects, `snapshots.seed`) against the same files without git (every file
    hashed, in parallel, into one pack), interleaved, side by side with row 1's first takes at
    20,000 files. Checked: both are complete and record the same tree, holding exactly the
@@ -335,7 +335,7 @@ def _first_measure(work: Path, workspace: Workspace, name: str, seeded: bool, tr
         nonlocal count
         count += 1
         repo = work / f"first-{name}-{count}.git"
-        store = SnapshotStore(repo, workspace.root, Limits())
+        store = SnapshotStore(repo, workspace.root, Limits(), watch=True)  # as the server runs it
         try:
             start = time.perf_counter()
             snap = store.take()

@@ -103,15 +103,16 @@ def hash_files(
     if not runs:
         return known, problems
     with ThreadPoolExecutor(min(THREADS, len(runs)), thread_name_prefix="snapshot-hash") as pool:
-        results = pool.map(lambda run: _hash_run(workspace, run, max_file_bytes, deadline), runs)
-        try:
-            for found, said in results:
+        # A few runs ahead at a time: what is read waits in memory only until it is written.
+        for start in range(0, len(runs), 2 * THREADS):
+            window = runs[start : start + 2 * THREADS]
+            for found, said in pool.map(
+                lambda run: _hash_run(workspace, run, max_file_bytes, deadline), window
+            ):
                 for path, (mode, oid, entry, st) in found.items():
                     pack.append(oid, entry)
                     known[path] = Known(mode, oid, st)
                 problems += said
-        finally:
-            pool.shutdown(cancel_futures=True)
     return known, problems
 
 
