@@ -360,3 +360,58 @@ def test_the_workspace_git_is_left_byte_for_byte(
         index_stat.st_size,
     )
     assert hashed == ["README.md"]
+
+
+def test_a_split_index_is_not_used(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    git(ws, "update-index", "--split-index")
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert len(hashed) == 16
+
+
+@pytest.mark.parametrize("damage", ["truncated", "checksum", "signature"])
+def test_a_damaged_index_is_not_used(
+    damage: str, tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    index = ws / ".git/index"
+    data = index.read_bytes()
+    if damage == "truncated":
+        body = data[: len(data) // 2]
+        data = body + hashlib.sha1(body).digest()  # a right checksum over too few bytes
+    elif damage == "checksum":
+        data = data[:-1] + bytes([data[-1] ^ 1])
+    else:
+        body = b"XIRC" + data[4:-20]
+        data = body + hashlib.sha1(body).digest()
+    index.write_bytes(data)
+    with pytest.raises(gitindex.BadIndex):
+        gitindex.parse(data)
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert len(hashed) == 16
+
+
+def test_a_first_snapshot_past_its_deadline_leaves_no_pack(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_rewind.snapshots import GitTimeout
+
+    (ws / ".git").rename(tmp_path / "elsewhere.git")  # every file hashed into the pack
+    written: list[str] = []
+
+    def late(pack, files):  # type: ignore[no-untyped-def]
+        written.extend(files)  # the blobs are in the pack being written when the deadline passes
+        raise GitTimeout("the deadline passed")
+
+    real = store_module.write_trees
+    monkeypatch.setattr(store_module, "write_trees", late)
+    store = SnapshotStore(tmp_path / "state" / "late.git", ws)
+    snapshot = store.take()
+    assert not snapshot.complete and snapshot.reason.startswith("timeout"), snapshot.reason
+    assert len(written) == 16
+    assert list((tmp_path / "state" / "late.git").glob("objects/pack/*")) == []
+    assert not (tmp_path / "state" / "late.git" / "snapshot.index").exists()
+    monkeypatch.setattr(store_module, "write_trees", real)
+    assert store.take().complete  # and the next one starts over
