@@ -162,18 +162,26 @@ class SnapshotStore:
 
     # Taking
 
-    def take(self) -> Snapshot:
+    @property
+    def first(self) -> bool:
+        """Whether the next take is a first one: nothing is known of any file, it reads them all
+        (or takes them from the workspace's own git)."""
+        return not self._git.index.exists()
+
+    def take(self, timeout_s: float | None = None) -> Snapshot:
         """Records the workspace as it is now. Never raises for the workspace's content: a
-        failure, a bound or the timeout gives an incomplete snapshot saying why."""
+        failure, a bound or the timeout (`timeout_s`, else the limits') gives an incomplete
+        snapshot saying why."""
         started = time.monotonic()
+        bound = self.limits.timeout_s if timeout_s is None else timeout_s
         tree: str | None = None
         with self._lock:
             self._how = ""
             self._tree, last = None, self._tree  # until this snapshot is known to be complete
             try:
-                tree, problems = self._take(started + self.limits.timeout_s, last)
+                tree, problems = self._take(started + bound, last)
             except GitTimeout:
-                problems = [f"timeout: the snapshot took over {self.limits.timeout_s:g} s"]
+                problems = [f"timeout: the snapshot took over {bound:g} s"]
             except (SnapshotError, OSError) as err:
                 problems = [f"error: {err}"]
             if tree is not None and not problems and self._watch is not None and self._watch.watching:
@@ -186,6 +194,14 @@ class SnapshotStore:
             seconds=time.monotonic() - started,
             how=how,
         )
+
+    def quiet(self) -> bool:
+        """Whether the watch vouches that nothing in the workspace changed since the last take
+        began: that take was complete and the watch has seen nothing since it started. A
+        snapshot that went on while the agent ran is the workspace as it was at its start only
+        then. False without a watch."""
+        with self._lock:
+            return self._tree is not None and self._watch is not None and self._watch.quiet()
 
     def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
         self._git.init()
