@@ -253,7 +253,7 @@ def copy_blobs(git: Git, objects: Path, sizes: Mapping[str, int], deadline: floa
     `objects` into the store's repository, verified; returns the ids that arrived. A blob absent
     there, not a blob, or of another size is not copied; one damaged is dropped and the copy
     retried without it."""
-    reading = git.with_env(GIT_ALTERNATE_OBJECT_DIRECTORIES=str(objects))
+    reading = git.with_env(GIT_ALTERNATE_OBJECT_DIRECTORIES=quoted(str(objects)))
     listing = b"".join(oid.encode() + b"\n" for oid in sizes)
     out = reading.run("cat-file", "--batch-check", stdin=listing, deadline=deadline)
     wanted: list[str] = []
@@ -310,6 +310,14 @@ def _pack(git: Git, reading: Git, oids: Sequence[str], deadline: float) -> set[s
         raise SnapshotError(f"git index-pack failed: {consumed_err.decode(errors='replace').strip()[:300]}")
     name = said.decode().split()[-1]
     return pack_ids(git.repo / "objects" / "pack" / f"pack-{name}.idx")
+
+
+def quoted(path: str) -> str:
+    """One entry of GIT_ALTERNATE_OBJECT_DIRECTORIES, C-quoted as git reads it: else a `:` in
+    the workspace's path would split it into two directories, one of them anywhere."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in path):
+        raise SnapshotError("the workspace's path holds a control character")
+    return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _left(deadline: float) -> float:

@@ -415,3 +415,15 @@ def test_a_first_snapshot_past_its_deadline_leaves_no_pack(
     assert not (tmp_path / "state" / "late.git" / "snapshot.index").exists()
     monkeypatch.setattr(store_module, "write_trees", real)
     assert store.take().complete  # and the next one starts over
+
+
+def test_a_colon_in_the_workspace_path_names_one_object_directory(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    # Unquoted, "…/a:b/ws/.git/objects" would be two alternates: "…/a" and "b/ws/.git/objects".
+    moved = tmp_path / "a:b" / "ws"
+    moved.parent.mkdir()
+    ws.rename(moved)
+    seeded, reference = seeded_and_hashed(tmp_path, moved, stores)
+    assert seeded == reference
+    assert hashed == []
