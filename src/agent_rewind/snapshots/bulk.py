@@ -66,7 +66,8 @@ class _Directories:
 
 def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | None:
     """The stat data and the bytes a snapshot records for `name` (a symlink's are its target);
-    None when it is not a file or symlink now. OSError(EFBIG) past `limit`."""
+    None when it is not a file or symlink now. OSError(EFBIG) past `limit`. Only a regular
+    file is opened (opening a device or a FIFO can do something)."""
     info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     if stat.S_ISLNK(info.st_mode):
         return info, os.readlink(os.fsencode(name), dir_fd=parent)
@@ -79,10 +80,12 @@ def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | N
             return None
         if opened.st_size > limit:
             raise OSError(errno.EFBIG, f"over {limit} bytes", name)
-        chunks = []
-        while chunk := os.read(fd, max(opened.st_size + 1, 1 << 16)):
-            chunks.append(chunk)
-        data = b"".join(chunks)
+        data = os.read(fd, opened.st_size + 1)
+        if len(data) > opened.st_size:  # it grew since the fstat: read on to its end
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"over {limit} bytes", name)
         return opened, data
