@@ -26,6 +26,16 @@ same content. Four rows, each measured side by side in one run:
    the same 1,000-file content, interleaved; after each rewind the turn is run again (untimed),
    giving the next round its point. Every result must come from the source its row names.
 
+5. The first snapshot of a 100,000-file workspace (FIRST files, each a new store's first
+   `take()`, watching its workspace as the server runs it): a git checkout of it (committed and packed, as a clone is: the snapshot is seeded
+   from its index and objects, `snapshots.seed`) against the same files without git (every file
+   hashed, in parallel, into one pack), interleaved, side by side with row 1's first takes at
+   20,000 files. Checked: both are complete and record the same tree, holding exactly the
+   generated files, and the checkout's was seeded. The two workspaces are generated once and
+   kept under CACHE (only read here), as building the checkout takes a minute; every file of
+   both is read once, untimed, before the rounds. Each take may run FIRST_TIMEOUT_S (not the
+   default 30 s), so a slow one is measured rather than cut short.
+
 Set-up is untimed: the first turn with snapshots on (which hashes its whole workspace in the
 server's snapshot threads) runs while the other workspaces are generated; row 1 runs with the
 server up but idle. For what limits each row, the git processes one call starts (a take, a turn
@@ -39,7 +49,9 @@ import functools
 import math
 import os
 import random
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,14 +86,21 @@ PER_DIR = 20  # source files per directory
 CHANGED = 3  # files changed before each take, written by each turn
 WRITE_BYTES = 1024  # each file a turn writes (rows 2 and 3)
 
+FIRST = 100_000  # row 5: files of the workspaces whose first snapshot is timed
+FIRST_ROUNDS = 3  # row 5: first takes of each (a new store each)
+FIRST_TIMEOUT_S = 300.0  # row 5's takes: measured past --snapshot-timeout, the target judges them
+CACHE = Path(tempfile.gettempdir()) / "agent-rewind-bench-cache"  # row 5's workspaces, built once
+
 # The issue's targets.
 MAX_TAKE_S = 0.050  # 1. a take at LARGE files, 3 changed
 MAX_TAKE_GROWTH = 2.0  # 1. take at LARGE / take at SMALL
 MAX_TURN_COST_S = 2 * MAX_TAKE_S  # 2. what a turn's two snapshots add
 MAX_DISK_RATIO = 4.0  # 3. disk added per turn / bytes the turn wrote
 MAX_REWIND_RATIO = 2.0  # 4. files Rewind from a snapshot / from a CLI checkpoint
+MAX_FIRST_GIT_S = 1.0  # 5. first take of a FIRST-file git checkout
+MAX_FIRST_PLAIN_S = 10.0  # 5. first take of FIRST files without git
 
-TIMEOUT_S = 300.0
+TIMEOUT_S = 600.0  # with row 5, whose workspaces take a minute to build the first time
 SNAPSHOT = rewind_pb2.FILES_SOURCE_SNAPSHOT
 CHECKPOINT = rewind_pb2.FILES_SOURCE_CHECKPOINT
 TOP = {
@@ -99,11 +118,12 @@ class Plan:
     turns: int  # per side per round
     rewind_rounds: int
     budget_s: float  # each phase stops after this once 3 rounds are done
+    quick: bool = False
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls(4, 2, 3, 2, 3, 8.0)
+            return cls(4, 2, 3, 2, 3, 8.0, quick=True)
         return cls(15, 3, 10, 3, 15, 45.0)
 
 
@@ -268,6 +288,104 @@ async def _store_rows(sides: Sequence[StoreSide], plan: Plan) -> Samples:
     return await interleave(measures, plan.take_rounds, budget_s=plan.budget_s, between=settle)
 
 
+# --- row 5: first snapshots of big workspaces --------------------------------------------------
+
+# Bump when `generate` or the checkout's making changes: the cache is rebuilt.
+_CACHE_VERSION = 1
+
+
+def _git_build(root: Path, *args: str) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(root / ".no-home"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+    }
+    subprocess.run(["git", "-c", "gc.auto=0", *args], cwd=root, env=env, check=True, capture_output=True)
+
+
+def cached(files: int, seed: int, checkout: bool) -> Workspace:
+    """A generated workspace kept under CACHE (made on first use; a `ready` file says it is
+    whole): with `checkout`, committed in a git repository of its own and packed, as a clone."""
+    name = f"v{_CACHE_VERSION}-{files}-{seed}-{'git' if checkout else 'plain'}"
+    home = CACHE / name
+    ready = home / "ready"
+    if not ready.exists():
+        shutil.rmtree(home, ignore_errors=True)
+        workspace = generate(home / "ws", files, seed)
+        if checkout:
+            _git_build(workspace.root, "init", "-q")
+            _git_build(workspace.root, "add", "-A")
+            _git_build(workspace.root, "commit", "-q", "-m", "generated")
+            _git_build(workspace.root, "repack", "-a", "-d", "-q")
+            _git_build(workspace.root, "prune-packed")
+        (home / "paths").write_bytes(b"".join(os.fsencode(p) + b"\0" for p in workspace.files))
+        ready.write_text("")
+    paths = [os.fsdecode(p) for p in (home / "paths").read_bytes().split(b"\0") if p]
+    return Workspace((home / "ws").resolve(), paths)
+
+
+def _first_measure(work: Path, workspace: Workspace, name: str, seeded: bool, trees: set[str]) -> Measure:
+    """One first take of the workspace by a new store (deleted after): complete, holding the
+    generated files, seeded from git or not as the row says."""
+    count = 0
+
+    async def measure() -> Sample:
+        nonlocal count
+        count += 1
+        repo = work / f"first-{name}-{count}.git"
+        # As the server runs it (watching), with room to measure past the 30 s default timeout.
+        store = SnapshotStore(repo, workspace.root, Limits(timeout_s=FIRST_TIMEOUT_S), watch=True)
+        try:
+            start = time.perf_counter()
+            snap = store.take()
+            seconds = time.perf_counter() - start
+            if not snap.complete or snap.tree is None:
+                raise RuntimeError(f"{name}: the first snapshot is incomplete: {snap.reason}")
+            if (snap.how == "seeded") != seeded:
+                raise RuntimeError(f"{name}: the first snapshot was taken by {snap.how!r}")
+            if snap.tree not in trees:
+                if sorted(store.files(snap.tree)) != sorted(workspace.files):
+                    raise RuntimeError(f"{name}: the first snapshot does not hold the generated files")
+                trees.add(snap.tree)
+        finally:
+            store.close()
+            shutil.rmtree(repo, ignore_errors=True)
+        return {name: seconds}
+
+    return measure
+
+
+def _warm(workspace: Workspace) -> None:
+    """Reads every file once (untimed), so row 5 starts with the page cache as warm as row 1's
+    freshly generated workspaces (the cached ones may have been evicted since they were made)."""
+    for directory, _dirs, names in os.walk(workspace.root):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as f:
+                f.read()
+
+
+async def _first_rows(work: Path, checkout: Workspace, plain: Workspace, rounds: int) -> Samples:
+    await asyncio.to_thread(lambda: (_warm(checkout), _warm(plain)))
+    trees: set[str] = set()
+    samples = await interleave(
+        {
+            "first git": _first_measure(work, checkout, "first git", True, trees),
+            "first plain": _first_measure(work, plain, "first plain", False, trees),
+        },
+        rounds,
+        min_rounds=rounds,
+        between=settle,
+    )
+    if len(trees) != 1:
+        raise RuntimeError(f"the checkout and the same files without git gave {len(trees)} trees, not one")
+    return samples
+
+
 # --- rows 2 to 4: the service ---------------------------------------------------------------------
 
 
@@ -404,6 +522,7 @@ class Results:
     turns: Samples  # row 2
     disk: Disk  # row 3
     rewinds: Samples  # row 4
+    first: Samples  # row 5
     git: dict[str, int] = field(default_factory=dict)  # git processes started by one call, by name
     phases: dict[str, float] = field(default_factory=dict)  # seconds spent, by phase
 
@@ -420,6 +539,7 @@ async def _run(work: Path, plan: Plan) -> Results:
         # server's snapshot threads) while the other workspaces are generated.
         big_on = await _served(c, big_on_ws, True, big_on_ws.new_paths(), seed=1)
         hashing = asyncio.ensure_future(big_on.turn())
+        big = await asyncio.to_thread(lambda: (cached(FIRST, FIRST, True), cached(FIRST, FIRST, False)))
         others = await asyncio.to_thread(
             lambda: [
                 generate(root / f"off-{LARGE}", LARGE, seed=LARGE + 1),
@@ -443,6 +563,11 @@ async def _run(work: Path, plan: Plan) -> Results:
         sides = [_store_side(work / "store", w) for w in others[3:]]
         store = await _store_rows(sides, plan)
         phases["row 1 (with the first takes)"] = time.monotonic() - t0
+
+        # Row 5, the server idle too.
+        t0 = time.monotonic()
+        first = await _first_rows(work / "first", *big, rounds=1 if plan.quick else FIRST_ROUNDS)
+        phases["row 5"] = time.monotonic() - t0
 
         # Row 2, and the turns row 3 counts.
         t0 = time.monotonic()
@@ -491,7 +616,7 @@ async def _run(work: Path, plan: Plan) -> Results:
             "files Rewind from a snapshot": await _git_processes(lambda: _one_rewind(small_on)),
             "files Rewind from a CLI checkpoint": await _git_processes(lambda: _one_rewind(small_off)),
         }
-        return Results(sides, store, turns, disk, rewinds, git, phases)
+        return Results(sides, store, turns, disk, rewinds, first, git, phases)
 
 
 async def _now(call: Callable[[], object]) -> object:
@@ -578,6 +703,9 @@ def _report(results: Results, plan: Plan) -> Report:
     ]  # fmt: skip
     row("4", f"files Rewind from a snapshot, {SMALL:,} files", rewinds, "rewind snapshot")
     row("4", f"files Rewind from a CLI checkpoint, {SMALL:,} files", rewinds, "rewind checkpoint")
+    first = results.first
+    row("5", f"first take, a git checkout of {FIRST:,} files (seeded from its git)", first, "first git")
+    row("5", f"first take, the same {FIRST:,} files without git (all hashed)", first, "first plain")
 
     small, large = sides[0], sides[-1]
     take_large, take_small = store.med(f"take {large.size}"), store.med(f"take {small.size}")
@@ -622,6 +750,22 @@ def _report(results: Results, plan: Plan) -> Report:
         )
     )
 
+    first_git, first_plain = first.med("first git"), first.med("first plain")
+    report.targets.append(
+        Target(
+            f"5. first take of a {FIRST:,}-file git checkout: median at most {fmt_time(MAX_FIRST_GIT_S)}",
+            first_git <= MAX_FIRST_GIT_S,
+            f"{fmt_time(first_git)} over {first.n('first git')} takes",
+        )
+    )
+    report.targets.append(
+        Target(
+            f"5. first take of {FIRST:,} files without git: median at most {fmt_time(MAX_FIRST_PLAIN_S)}",
+            first_plain <= MAX_FIRST_PLAIN_S,
+            f"{fmt_time(first_plain)} over {first.n('first plain')} takes",
+        )
+    )
+
     git = results.git
     for side in sides:
         take, scan = store.med(f"take {side.size}"), store.med(f"scan {side.size}")
@@ -644,6 +788,11 @@ def _report(results: Results, plan: Plan) -> Report:
         f"4. a files Rewind from a snapshot takes one (before; the tree after is computed from trees): a row-1 "
         f"take at {small.size:,} files {fmt_time(take_small)}, of its {fmt_time(rewinds.med('rewind snapshot'))}"
     )
+    report.infos.append(
+        f"5. first takes: {FIRST:,} files, git checkout / without git: {fmt_time(first_git)} / "
+        f"{fmt_time(first_plain)}; at {large.size:,} files without git {fmt_time(large.first_s)} "
+        f"({fmt_time(large.first_s * FIRST / large.size)} scaled to {FIRST:,})"
+    )
     if git:
         report.infos.append(
             "git processes started by one call: " + "; ".join(f"{name}: {n}" for name, n in git.items())
@@ -662,5 +811,8 @@ def _report(results: Results, plan: Plan) -> Report:
         "snapshot stored every file) on",
         f"row 4: a {SMALL:,}-file workspace of the same content per session; each round rewinds to the turn that "
         f"wrote {CHANGED} new files, then runs that turn again, untimed",
+        f"row 5: {first.n('first git')} first takes of each (a new store each, deleted after), interleaved, the "
+        f"server idle; the {FIRST:,}-file workspaces (plus {IGNORED:,} ignored files) are generated once under "
+        f"{CACHE} (the checkout committed and packed, as a clone), and stay in the page cache between takes",
     ]
     return report

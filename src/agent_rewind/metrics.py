@@ -84,7 +84,7 @@ REWIND_SECONDS = Histogram(
 )
 SNAPSHOTS = Counter(
     "agent_rewind_workspace_snapshots_total",
-    "Workspace snapshots taken, by how (unchanged, watched, paths, scan: see docs/rewind.md) and "
+    "Workspace snapshots taken, by how (unchanged, watched, paths, scan, seeded: see docs/rewind.md) and "
     "whether complete",
     ["how", "complete"],
     registry=REGISTRY,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 import threading
 import time
 import uuid
@@ -383,3 +384,67 @@ async def test_one_sessions_slow_snapshot_never_delays_another_session(
             release.set()
         await asyncio.wait_for(slow_turn, 20)
         assert read(slow_cwd / "a.txt") == "slow\n"
+
+
+def _git(cwd: Path, *args: str) -> None:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": "/nonexistent",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+async def test_a_git_checkout_is_seeded_from_its_git_and_restored_from_it(tmp_path: Path) -> None:
+    """A session whose workspace is a git checkout: its first snapshot comes from the checkout's
+    index and objects (copied, verified), and a files rewind to the first point restores the
+    tracked files the agent changed or deleted, and removes what it made. The checkout's `.git`
+    is never written, and its planted fsmonitor never runs."""
+    from agent_rewind.metrics import REGISTRY  # the server runs in this process
+
+    def seeded() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "agent_rewind_workspace_snapshots_total", {"how": "seeded", "complete": "true"}
+            )
+            or 0.0
+        )
+
+    state = tmp_path / "state"
+    repo = state / "workspaces" / "repo"
+    marker = tmp_path / "fsmonitor-ran"
+    past = time.time() - 3600
+    for i in range(30):
+        path = repo / f"src/m{i % 3}/f{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"value = {i}\n")
+        os.utime(path, (past, past))
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "init")
+    with (repo / ".git/config").open("a") as config:
+        config.write(f'[core]\n\tfsmonitor = "touch {marker}"\n')
+    git_before = {p: p.read_bytes() for p in (repo / ".git").rglob("*") if p.is_file()}
+    index_mtime = (repo / ".git/index").stat().st_mtime_ns
+    before = seeded()
+    async with serve(state, workspace_snapshots=True) as c:
+        sid = (await c.create(cwd="repo", options=_bash_allowed())).session_id
+        first = prompt_id(await c.prompt(sid, "write src/m0/f0.py value = 'changed'\nbash rm src/m1/f1.py"))
+        await c.prompt(sid, "write src/new.py made by the agent")
+        assert seeded() - before == 1, "the first snapshot was seeded from the checkout's git"
+        points = await c.points(sid)
+        assert all(p.snapshot_available for p in points.points)
+        result = await c.rewind(sid, first, FILES)
+        assert result.files.source == SNAPSHOT
+        assert read(repo / "src/m0/f0.py") == "value = 0\n"
+        assert read(repo / "src/m1/f1.py") == "value = 1\n"
+        assert read(repo / "src/new.py") is None
+        assert all(read(repo / f"src/m{i % 3}/f{i}.py") == f"value = {i}\n" for i in range(30))
+    assert not marker.exists(), "the checkout's fsmonitor ran"
+    assert {p: p.read_bytes() for p in (repo / ".git").rglob("*") if p.is_file()} == git_before
+    assert (repo / ".git/index").stat().st_mtime_ns == index_mtime

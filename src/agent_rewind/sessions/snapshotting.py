@@ -6,6 +6,15 @@ ledger's writes (which have the default pool). The ledger records each snapshot 
 was taken; `rewind/workspace.py` reads that history to decide what a files rewind restores.
 A snapshot that fails or hits a bound is recorded as incomplete, with the reason: never a silent
 success, never a failed turn.
+
+A session's first snapshot reads every file (`SnapshotStore.first`), which in a big workspace
+can take longer than a turn should wait. Its turn waits at most `--snapshot-timeout`; past it the
+prompt goes on and the snapshot goes on in the background (up to BACKGROUND_TIMES the bound),
+recorded when it ends: until then the point has no snapshot (`snapshot_available` false), then
+it has one. It is recorded complete only if the workspace's watch vouches that nothing changed
+since it began (`SnapshotStore.quiet`): else it could hold some of the agent's first edits, and
+it is recorded incomplete. Every later take of the session waits for it first (the ledger keeps
+the order snapshots were taken in).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import TypeVar
 
 import structlog
 
-from agent_rewind import metrics, tracing
+from agent_rewind import metrics, tasks, tracing
 from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore, directory_bytes
 from agent_rewind.store.ledger import NewSnapshot, SnapshotOrder, SnapshotRecord
 
@@ -41,6 +50,25 @@ MAX_WATCHED = 48
 
 # Pruned snapshots a store collects at once (a repack), rather than one at every turn.
 COLLECT_AFTER = 16
+
+# A first snapshot past --snapshot-timeout goes on in the background up to this many times it.
+BACKGROUND_TIMES = 10
+CHANGED_MEANWHILE = "changed meanwhile: the workspace changed while its first snapshot was taken"
+UNWATCHED_MEANWHILE = (
+    "unwatched meanwhile: the first snapshot ended after its turn began, with no watch to vouch "
+    "that the workspace was unchanged"
+)
+
+
+def _failed(session_id: str, err: Exception) -> Snapshot:
+    log.error("workspace snapshot failed", session_id=session_id, error=str(err))
+    return Snapshot(None, False, f"error: {err}")
+
+
+def _count(snapshot: Snapshot) -> None:
+    how = snapshot.how or "failed"
+    metrics.SNAPSHOTS.labels(how, "true" if snapshot.complete else "false").inc()
+    metrics.SNAPSHOT_SECONDS.labels(how).observe(snapshot.seconds)
 
 
 def snapshots_dir(state_dir: Path) -> Path:
@@ -77,6 +105,8 @@ class Snapshots:
         self._available: dict[str, tuple[list[SnapshotRecord], int, dict[str, bool]]] = {}
         # Per session: its store's bytes on disk, with the records' (length, last seq) measured at.
         self._bytes: dict[str, tuple[tuple[int, int], int]] = {}
+        # Per session: its first snapshot, going on in the background (then recorded).
+        self._pending: dict[str, asyncio.Task[None]] = {}
 
     def store(self, session_id: str, cwd: str) -> SnapshotStore:
         found = self._stores.get(session_id)
@@ -100,21 +130,77 @@ class Snapshots:
 
     async def take(self, session_id: str, cwd: str) -> Snapshot:
         """The workspace as it is now, unrecorded (a dry run's view)."""
+        await self.settled(session_id)
+        store = self._live_store(session_id, cwd)
+        try:
+            snapshot = await self.run(lambda: _take(store, session_id))
+        except Exception as err:  # git missing, disk full, ...: incomplete, never a silent success
+            snapshot = _failed(session_id, err)
+        _count(snapshot)
+        return snapshot
+
+    async def settled(self, session_id: str) -> None:
+        """Waits for the session's first snapshot if it is going on in the background (until it
+        is recorded): what is taken next comes after it."""
+        pending = self._pending.get(session_id)
+        if pending is not None:
+            await asyncio.shield(pending)
+
+    def _live_store(self, session_id: str, cwd: str) -> SnapshotStore:
         store = self.store(session_id, cwd)
         if self.watch:
             self._watching[session_id] = None
             self._watching.move_to_end(session_id)
             while len(self._watching) > MAX_WATCHED:  # each watch holds an inotify instance
                 self._stop_watching(next(iter(self._watching)))
+        return store
+
+    async def _take_first(self, session_id: str, cwd: str, kind: str, ref: str) -> SnapshotRecord | None:
+        """A first snapshot: waited for up to the bound, else recorded when it ends (in the
+        background; the module docstring says how it is judged). None when not recorded (yet)."""
+        store = self._live_store(session_id, cwd)
+        bound = self.limits.timeout_s
+        work = asyncio.ensure_future(self.run(lambda: _take(store, session_id, bound * BACKGROUND_TIMES)))
+        done, _ = await asyncio.wait({work}, timeout=bound)
+        if done:
+            try:
+                snapshot = work.result()
+            except Exception as err:
+                snapshot = _failed(session_id, err)
+            _count(snapshot)
+            return await self._record_logged(session_id, kind, ref, snapshot)
+        log.info(
+            "the first workspace snapshot goes on in the background", session_id=session_id, bound_s=bound
+        )
+        task = tasks.detach(
+            self._finish_first(session_id, kind, ref, store, work), name=f"first-snapshot-{session_id}"
+        )
+        self._pending[session_id] = task
+
+        def forget(_: asyncio.Task[None]) -> None:
+            if self._pending.get(session_id) is task:
+                del self._pending[session_id]
+
+        task.add_done_callback(forget)
+        return None
+
+    async def _finish_first(
+        self, session_id: str, kind: str, ref: str, store: SnapshotStore, work: asyncio.Future[Snapshot]
+    ) -> None:
         try:
-            snapshot = await self.run(lambda: _take(store, session_id))
-        except Exception as err:  # git missing, disk full, ...: incomplete, never a silent success
-            log.error("workspace snapshot failed", session_id=session_id, error=str(err))
-            snapshot = Snapshot(None, False, f"error: {err}")
-        how = snapshot.how or "failed"
-        metrics.SNAPSHOTS.labels(how, "true" if snapshot.complete else "false").inc()
-        metrics.SNAPSHOT_SECONDS.labels(how).observe(snapshot.seconds)
-        return snapshot
+            snapshot = await work
+        except Exception as err:
+            snapshot = _failed(session_id, err)
+        if snapshot.complete:
+            try:
+                quiet = await self.run(store.quiet)
+            except Exception:  # cannot tell: not vouched for
+                quiet = False
+            if not quiet:
+                why = CHANGED_MEANWHILE if self.watch else UNWATCHED_MEANWHILE
+                snapshot = Snapshot(snapshot.tree, False, why, snapshot.seconds, snapshot.how)
+        _count(snapshot)
+        await self._record_logged(session_id, kind, ref, snapshot)
 
     async def record(self, session_id: str, kind: str, ref: str, snapshot: Snapshot) -> SnapshotRecord:
         """Records a snapshot taken for the session. Raises what the ledger raises."""
@@ -130,8 +216,17 @@ class Snapshots:
         return record
 
     async def take_and_record(self, session_id: str, cwd: str, kind: str, ref: str) -> SnapshotRecord | None:
-        """Takes and records a snapshot; None (logged) when the ledger could not record it."""
+        """Takes and records a snapshot; None (logged) when the ledger could not record it, or
+        when a turn's first snapshot goes on in the background (recorded when it ends)."""
+        await self.settled(session_id)
+        if kind == TURN_START and self.store(session_id, cwd).first:
+            return await self._take_first(session_id, cwd, kind, ref)
         snapshot = await self.take(session_id, cwd)
+        return await self._record_logged(session_id, kind, ref, snapshot)
+
+    async def _record_logged(
+        self, session_id: str, kind: str, ref: str, snapshot: Snapshot
+    ) -> SnapshotRecord | None:
         try:
             return await self.record(session_id, kind, ref, snapshot)
         except Exception as err:
@@ -227,10 +322,10 @@ class Snapshots:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _take(store: SnapshotStore, session_id: str) -> Snapshot:
+def _take(store: SnapshotStore, session_id: str, timeout_s: float | None = None) -> Snapshot:
     """A take, in a snapshot thread, in a span: how it was taken and whether it is complete (not
     its reason, which may name a path)."""
     with tracing.span("snapshot.take", session_id=session_id) as span:
-        snapshot = store.take()
+        snapshot = store.take(timeout_s)
         span.set(how=snapshot.how or "failed", complete=snapshot.complete)
         return snapshot

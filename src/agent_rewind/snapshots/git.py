@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, SnapshotError
 
@@ -143,6 +144,15 @@ class Git:
         other._env = {**self._env, "GIT_INDEX_FILE": str(index)}
         return other
 
+    def with_env(self, **extra: str) -> Git:
+        """The same sealed git with more variables set, for one use (an alternate object
+        directory to copy from: `seed`). Only GIT_ALTERNATE_OBJECT_DIRECTORIES is accepted."""
+        if set(extra) - {"GIT_ALTERNATE_OBJECT_DIRECTORIES"}:
+            raise ValueError(f"not a variable the sealed git takes: {sorted(extra)}")
+        other = copy.copy(self)
+        other._env = {**self._env, **extra}
+        return other
+
     def _argv(self, args: Sequence[str]) -> list[str]:
         if self._git is None:
             self._git = _executable(self._search_path)
@@ -233,6 +243,18 @@ class Git:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            env=self._env,
+            cwd=self.workspace,
+        )
+
+    def popen_io(self, *args: str, stdin: IO[bytes] | int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+        """A command the caller feeds (or pipes another into) and reaps, with its stdout and
+        stderr as pipes."""
+        return subprocess.Popen(
+            self._argv(args),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=self._env,
             cwd=self.workspace,
         )

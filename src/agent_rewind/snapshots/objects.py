@@ -33,6 +33,21 @@ TreeEntries = dict[str, tuple[str, str]]
 TREE_CACHE = 4096
 
 
+def tree_body(entries: Mapping[str, tuple[str, str]]) -> bytes:
+    """A tree object's body, as git writes it: entries in git's order (a directory sorts as its
+    name followed by "/"), each `mode name\\0` and the raw id."""
+
+    def key(name: str) -> bytes:
+        encoded = name.encode("utf-8", "surrogateescape")
+        return encoded + b"/" if entries[name][0] == MODE_TREE else encoded
+
+    return b"".join(
+        entries[name][0].encode() + b" " + name.encode("utf-8", "surrogateescape") + b"\0"
+        + bytes.fromhex(entries[name][1])
+        for name in sorted(entries, key=key)
+    )  # fmt: skip
+
+
 class ObjectKindError(SnapshotError):
     pass
 
@@ -138,20 +153,7 @@ class Objects:
         return oid
 
     def write_tree(self, entries: Mapping[str, tuple[str, str]]) -> str:
-        # git's order: a directory sorts as its name followed by "/"
-        def key(name: str) -> bytes:
-            encoded = name.encode("utf-8", "surrogateescape")
-            return encoded + b"/" if entries[name][0] == MODE_TREE else encoded
-
-        body = b"".join(
-            entries[name][0].encode()
-            + b" "
-            + name.encode("utf-8", "surrogateescape")
-            + b"\0"
-            + bytes.fromhex(entries[name][1])
-            for name in sorted(entries, key=key)
-        )
-        oid = self.write(b"tree", body)
+        oid = self.write(b"tree", tree_body(entries))
         self._remember(oid, dict(entries))
         return oid
 

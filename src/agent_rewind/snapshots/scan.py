@@ -29,6 +29,7 @@ class Plan:
 
     update: list[str] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
+    stats: dict[str, os.stat_result] = field(default_factory=dict)  # the lstat of each file to update
     added_bytes: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -39,13 +40,14 @@ def index_plan(workspace: Path, changed: list[str], untracked: list[str], max_fi
     plan = Plan()
     tracked = set(changed)
     real_dirs: dict[str, bool] = {"": True}
+    top = os.fsencode(workspace)
     for path in [*changed, *untracked]:
         if not real_dir(workspace, path.rpartition("/")[0], real_dirs):
             if path in tracked:  # behind a symlink now: update-index would refuse it
                 plan.drop.append(path)
             continue
         try:
-            info = os.lstat(workspace / path)
+            info = os.lstat(top + b"/" + os.fsencode(path))
         except (FileNotFoundError, NotADirectoryError):
             if path in tracked:
                 plan.update.append(path)  # deleted: --remove drops it
@@ -57,6 +59,7 @@ def index_plan(workspace: Path, changed: list[str], untracked: list[str], max_fi
         problem = unrecordable(path, info, max_file_bytes)
         if problem is None:
             plan.update.append(path)
+            plan.stats[path] = info
             plan.added_bytes += info.st_size
             continue
         if problem:
@@ -128,6 +131,8 @@ def nested_files(git: Git, workspace: Path, directories: list[str], deadline: fl
 
 def refused_by_git(path: str, is_link: bool) -> str:
     """Why git's verify_path would skip this path (it only says so on stderr), or ''."""
+    if ".git" not in path.lower():  # most paths: no component can be one
+        return ""
     parts = path.split("/")
     if any(part.lower() == ".git" for part in parts):
         return "a .git component"

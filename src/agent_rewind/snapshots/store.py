@@ -37,25 +37,31 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
-from agent_rewind.snapshots import compare
+from agent_rewind.snapshots import compare, gitindex
+from agent_rewind.snapshots.bulk import hash_files
 from agent_rewind.snapshots.compare import DEFAULT_DIFF_BYTES, Change, ChangeKind, FileDiff, tree_id
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, RestoreError, SnapshotError, UnsafePath
 from agent_rewind.snapshots.files import Entry, Workspace, split
 from agent_rewind.snapshots.git import Git
+from agent_rewind.snapshots.gitindex import IndexEntry
 from agent_rewind.snapshots.objects import MODE_TREE, Objects
+from agent_rewind.snapshots.packs import PackWriter, write_trees
 from agent_rewind.snapshots.restore import restore_paths
 from agent_rewind.snapshots.scan import (
+    Plan,
     capturable,
     index_plan,
     listed_paths,
@@ -64,6 +70,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
+from agent_rewind.snapshots.seed import read_index, seed
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
@@ -80,6 +87,8 @@ __all__ = [
 ]
 
 KEEP_REF = "refs/agent-rewind/keep"
+
+T = TypeVar("T")
 
 log = structlog.get_logger(__name__)
 
@@ -105,7 +114,8 @@ class Snapshot:
     seconds: float = 0.0
     # How it was taken: "unchanged" (the watch saw nothing change: the last tree), "watched"
     # (the changed files hashed here), "paths" (git scanned the changed directories), "scan"
-    # (git scanned the whole workspace); "" when it failed before knowing.
+    # (git scanned the whole workspace), "seeded" (a first snapshot that took files from the
+    # workspace's own git: `seed`); "" when it failed before knowing.
     how: str = ""
 
 
@@ -137,6 +147,8 @@ class SnapshotStore:
         self._written: str | None = None  # the tree `_take_known` wrote last
         self._how = ""  # how the current take goes (Snapshot.how)
         self._watch: Watch | None = Watch(workspace) if watch else None
+        # A first take reads the workspace's own git index while git lists the workspace.
+        self._workspace_index: Future[tuple[dict[str, IndexEntry], int]] | None = None
         # The tree the index held after the last complete snapshot, while the watch has seen
         # every change since; None when the next snapshot must scan the whole workspace.
         self._tree: str | None = None
@@ -150,18 +162,26 @@ class SnapshotStore:
 
     # Taking
 
-    def take(self) -> Snapshot:
+    @property
+    def first(self) -> bool:
+        """Whether the next take is a first one: nothing is known of any file, it reads them all
+        (or takes them from the workspace's own git)."""
+        return not self._git.index.exists()
+
+    def take(self, timeout_s: float | None = None) -> Snapshot:
         """Records the workspace as it is now. Never raises for the workspace's content: a
-        failure, a bound or the timeout gives an incomplete snapshot saying why."""
+        failure, a bound or the timeout (`timeout_s`, else the limits') gives an incomplete
+        snapshot saying why."""
         started = time.monotonic()
+        bound = self.limits.timeout_s if timeout_s is None else timeout_s
         tree: str | None = None
         with self._lock:
             self._how = ""
             self._tree, last = None, self._tree  # until this snapshot is known to be complete
             try:
-                tree, problems = self._take(started + self.limits.timeout_s, last)
+                tree, problems = self._take(started + bound, last)
             except GitTimeout:
-                problems = [f"timeout: the snapshot took over {self.limits.timeout_s:g} s"]
+                problems = [f"timeout: the snapshot took over {bound:g} s"]
             except (SnapshotError, OSError) as err:
                 problems = [f"error: {err}"]
             if tree is not None and not problems and self._watch is not None and self._watch.watching:
@@ -175,9 +195,19 @@ class SnapshotStore:
             how=how,
         )
 
+    def quiet(self) -> bool:
+        """Whether the watch vouches that nothing in the workspace changed since the last take
+        began: that take was complete and the watch has seen nothing since it started. A
+        snapshot that went on while the agent ran is the workspace as it was at its start only
+        then. False without a watch."""
+        with self._lock:
+            return self._tree is not None and self._watch is not None and self._watch.quiet()
+
     def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
         self._git.init()
         self._git.clear_stale_locks()  # a take killed at its deadline may have left one
+        fresh = not self._git.index.exists()  # the first take: nothing is known of any file
+        self._workspace_index = _background(read_index, self.workspace) if fresh else None
         try:
             paths = self._changed(last, deadline)
         except GitFailed:  # the index cannot be read: the scan below finds so, and rebuilds it
@@ -209,8 +239,9 @@ class SnapshotStore:
             self._git.drop_index()
             self._unsynced.clear()
             self._how = "scan"
+            fresh = True
             changed, others = self._scan(deadline)
-        return self._record(changed, others, deadline)
+        return self._record(changed, others, deadline, fresh)
 
     def _sync_index(self, deadline: float | None) -> None:
         """Gives the index the entries `_take_known` recorded without it (from the tree it wrote
@@ -342,8 +373,11 @@ class SnapshotStore:
             self._watch = None
         return None
 
-    def _record(self, changed: bytes, others: bytes, deadline: float) -> tuple[str | None, list[str]]:
-        """Adds what the scan found to the index, and writes its tree."""
+    def _record(
+        self, changed: bytes, others: bytes, deadline: float, fresh: bool = False
+    ) -> tuple[str | None, list[str]]:
+        """Adds what the scan found to the index, and writes its tree. `fresh`: the index held
+        nothing: every file is new (`_record_first`)."""
         untracked: list[str] = []
         nested: list[str] = []
         for path in listed_paths(others):
@@ -351,6 +385,8 @@ class SnapshotStore:
         if nested:
             untracked += nested_files(self._git, self.workspace, nested, deadline)
         plan = index_plan(self.workspace, listed_paths(changed), untracked, self.limits.max_file_bytes)
+        if fresh and not plan.drop:
+            return self._record_first(plan, deadline)
         if plan.added_bytes > self.limits.max_total_bytes:
             return None, [
                 f"total over {self.limits.max_total_bytes} bytes: {plan.added_bytes} bytes changed",
@@ -376,6 +412,33 @@ class SnapshotStore:
         with contextlib.suppress(SnapshotError, OSError):  # tidying only: the tree is written
             self._git.drop_unused_shared_indexes()
         return tree, plan.problems
+
+    def _record_first(self, plan: Plan, deadline: float) -> tuple[str | None, list[str]]:
+        """The first snapshot: the index is written here, whole. Files the workspace's own git
+        knows unchanged are taken from it (`seed`); the others are hashed into one pack
+        (`bulk`), rather than one loose object each. The index gets every file's stat data, so
+        the next scan hashes only what changed since."""
+        parsed, self._workspace_index = self._workspace_index, None
+        known = seed(self._git, self.workspace, plan.stats, deadline, parsed)
+        rest = [path for path in plan.update if path not in known]
+        hashing = sum(plan.stats[path].st_size for path in rest)
+        if hashing > self.limits.max_total_bytes:
+            return None, [
+                f"total over {self.limits.max_total_bytes} bytes: {hashing} bytes changed",
+                *plan.problems,
+            ]
+        if known:
+            self._how = "seeded"
+        with PackWriter(self._git) as pack:
+            hashed, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
+            known.update(hashed)
+            tree = write_trees(pack, {path: (k.mode, k.oid) for path, k in known.items()})
+            pack.finish(deadline)
+        index = gitindex.write((os.fsencode(path), k.oid, k.stat) for path, k in known.items())
+        scratch = self._git.index.with_name(f".{self._git.index.name}.{secrets.token_hex(4)}.tmp")
+        scratch.write_bytes(index)
+        scratch.replace(self._git.index)
+        return tree, [*plan.problems, *problems]
 
     def _scan(self, deadline: float, paths: Iterable[str] | None = None) -> tuple[bytes, bytes]:
         """The tracked paths whose stat data changed, and the untracked ones (not ignored): of
@@ -547,6 +610,21 @@ class SnapshotStore:
             raise SnapshotError(f"{self.repo} is a symbolic link; not deleting through it")
         if self.repo.exists():
             shutil.rmtree(self.repo)
+
+
+def _background(work: Callable[[Path], T], arg: Path) -> Future[T]:
+    """`work(arg)` in a thread of its own (it mostly waits on the disk or parses while a git
+    process runs); the future holds its result or its exception."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work(arg))
+        except BaseException as err:  # handed to whoever asks for the result
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="snapshot-read-index", daemon=True).start()
+    return future
 
 
 def _summary(problems: Sequence[str], shown: int = 3) -> str:

@@ -172,6 +172,14 @@ class Watch:
             return None
         return changed
 
+    def quiet(self) -> bool:
+        """Whether nothing changed since the last `changed()` or `start()`, as far as the watch can
+        say (False when it cannot). Hands nothing over: the next `changed()` still names it all."""
+        if self._fd < 0:
+            return False
+        self._drain()
+        return self._trusted and not self._changed
+
     def distrust(self) -> None:
         """The next `changed()` returns None: the caller lost what it was last told."""
         self._trusted = False

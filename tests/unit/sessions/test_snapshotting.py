@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from agent_rewind.sessions import snapshotting
 from agent_rewind.sessions.snapshotting import TURN_END, TURN_START, Snapshots
-from agent_rewind.snapshots import Limits
+from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore
 from agent_rewind.store.ledger import NewSession
 from agent_rewind.store.sqlite import SqliteLedger
 
@@ -127,3 +128,85 @@ async def test_past_the_bound_of_watched_stores_the_least_recently_snapshotted_s
     finally:
         s.close()
         await ledger.close()
+
+
+class _Held:
+    """Holds every store's take until released (in the snapshot threads), then runs it; `during`
+    runs right after the real take, while the turn would be running."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        self.during: Callable[[], None] = lambda: None
+        real = SnapshotStore.take
+
+        def take(store: SnapshotStore, timeout_s: float | None = None) -> Snapshot:
+            assert self.release.wait(60), "never released"
+            snapshot = real(store, timeout_s)
+            self.during()
+            return snapshot
+
+        monkeypatch.setattr(SnapshotStore, "take", take)
+
+
+@pytest.fixture
+async def slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Snapshots, Path, _Held]]:
+    ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("before the turn\n")
+    await ledger.add_session(NewSession(SID, str(workspace), {}, checkpointing=True))
+    held = _Held(monkeypatch)
+    monkeypatch.setattr(snapshotting, "BACKGROUND_TIMES", 2000)  # in the background: 100 s to end
+    found = Snapshots(tmp_path / "snapshots", ledger, Limits(timeout_s=0.05), watch=True)
+    try:
+        yield found, workspace, held
+    finally:
+        held.release.set()
+        await found.settled(SID)
+        found.close()
+        await ledger.close()
+
+
+async def test_a_first_snapshot_past_the_bound_is_recorded_when_it_ends(
+    slow: tuple[Snapshots, Path, _Held],
+) -> None:
+    s, ws, held = slow
+    # The turn does not wait for it: nothing is recorded yet, the point has no snapshot.
+    assert await s.take_and_record(SID, str(ws), TURN_START, "p1") is None
+    assert await s.availability(SID) == {}
+    held.release.set()
+    await s.settled(SID)
+    [record] = await s.records(SID)
+    assert (record.kind, record.ref, record.complete) == (TURN_START, "p1", True), record.reason
+    assert await s.availability(SID) == {"p1": True}
+    assert [p for p in s.store(SID, str(ws)).files(record.tree or "")] == ["a.txt"]
+
+
+async def test_a_first_snapshot_the_workspace_changed_under_is_recorded_incomplete(
+    slow: tuple[Snapshots, Path, _Held],
+) -> None:
+    s, ws, held = slow
+    held.during = lambda: (ws / "a.txt").write_text("the agent's first edit\n")
+    assert await s.take_and_record(SID, str(ws), TURN_START, "p1") is None
+    held.release.set()
+    await s.settled(SID)
+    [record] = await s.records(SID)
+    assert not record.complete and record.reason == snapshotting.CHANGED_MEANWHILE
+    assert await s.availability(SID) == {"p1": False}
+
+
+async def test_the_next_snapshot_waits_for_a_first_one_in_the_background(
+    slow: tuple[Snapshots, Path, _Held],
+) -> None:
+    s, ws, held = slow
+    assert await s.take_and_record(SID, str(ws), TURN_START, "p1") is None
+    end = asyncio.ensure_future(s.take_and_record(SID, str(ws), TURN_END, "p1"))
+    await asyncio.sleep(0)
+    assert not end.done() and await s.records(SID) == []
+    held.release.set()
+    assert (await end) is not None
+    assert [(r.kind, r.ref) for r in await s.records(SID)] == [(TURN_START, "p1"), (TURN_END, "p1")]
+    # A first snapshot within the bound is recorded at once, as any other.
+    assert (await s.take_and_record(SID, str(ws), TURN_START, "p2")) is not None

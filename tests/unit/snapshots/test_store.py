@@ -528,7 +528,9 @@ def test_replaced_shared_index_parts_are_deleted(store: SnapshotStore, workspace
         for i in range(10):  # as many new entries as old: git writes a new shared part each time
             write(workspace / f"f{round_}-{i}.txt", f"{round_} {i}\n")
         take(store)
-        assert len(list(store.repo.glob("sharedindex.*"))) == 1
+        # The first snapshot writes its index whole (`_record_first`), with no shared part; git
+        # splits it when it next writes it (a scan; a watched take leaves it as it is).
+        assert len(list(store.repo.glob("sharedindex.*"))) <= 1
 
 
 # Keeping
