@@ -326,6 +326,6 @@ def _take(store: SnapshotStore, session_id: str, timeout_s: float | None = None)
     """A take, in a snapshot thread, in a span: how it was taken and whether it is complete (not
     its reason, which may name a path)."""
     with tracing.span("snapshot.take", session_id=session_id) as span:
-        snapshot = store.take(timeout_s)
+        snapshot = store.take() if timeout_s is None else store.take(timeout_s)
         span.set(how=snapshot.how or "failed", complete=snapshot.complete)
         return snapshot
