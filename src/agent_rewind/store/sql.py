@@ -535,7 +535,6 @@ class SqlLedger(Dialect):
         )
         await self._erased(("sessions",), bool(changed))
 
-
     # Webhook delivery (leases by the dialect's clock, like the replica directory's)
 
     async def claim_webhook(self, url: str, holder: str, lease_s: float) -> WebhookLease | None:
