@@ -466,11 +466,11 @@ def make_webhooks(
     return Webhooks(subscriptions, ledger, settings, keys, encode, access)
 
 
-def start_webhooks(made: Made, webhooks: Webhooks) -> Webhooks:
+async def start_webhooks(made: Made, webhooks: Webhooks) -> Webhooks:
     """Starts the delivery loops, last of all (this replica's epoch fences their writes), so that
     a stop ends them first: before the sessions wind down and detached work is waited for."""
     made.push_async_callback(webhooks.stop)
-    webhooks.start()
+    await webhooks.start()
     return webhooks
 
 

@@ -375,7 +375,7 @@ async def _make(
     await listening.serve()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     components.start_chores(made, ledger, config)
-    components.start_webhooks(made, deliveries)
+    await components.start_webhooks(made, deliveries)
     return RunningServer(
         server=server,
         port=port,

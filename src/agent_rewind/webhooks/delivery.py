@@ -84,9 +84,19 @@ class Deliverer:
         """An event was committed: look in the log now."""
         self._wake.set()
 
-    async def run(self) -> None:
-        """Claims the URL and delivers its events until cancelled; a lease lost or a ledger that
-        fails is waited out and claimed again."""
+    async def claim(self) -> WebhookLease | None:
+        """The URL's lease, if no one else holds it (None too when the ledger fails now)."""
+        settings = self._settings
+        try:
+            return await self._store.claim_webhook(self.subscription.url, settings.holder, settings.lease_s)
+        except Exception as err:
+            log.warning("could not claim a webhook URL", webhook=self._label, error=str(err))
+            return None
+
+    async def run(self, first: WebhookLease | None = None) -> None:
+        """Delivers the URL's events (from `first`, a lease claimed already) until cancelled,
+        claiming it whenever it is free; a lease lost or a ledger that fails is waited out and
+        claimed again."""
         settings = self._settings
         async with aiohttp.ClientSession(
             # The service's own requests: no proxy from its environment, no cookies kept.
@@ -95,13 +105,7 @@ class Deliverer:
             timeout=aiohttp.ClientTimeout(total=settings.timeout_s, connect=settings.timeout_s),
         ) as http:
             while True:
-                try:
-                    lease = await self._store.claim_webhook(
-                        self.subscription.url, settings.holder, settings.lease_s
-                    )
-                except Exception as err:
-                    log.warning("could not claim a webhook URL", webhook=self._label, error=str(err))
-                    lease = None
+                lease, first = first or await self.claim(), None
                 if lease is None:
                     await self._idle(settings.lease_s / 3)
                     continue

@@ -42,10 +42,13 @@ class Webhooks:
             ]
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Claims each URL once before its loop starts (a URL first seen starts at the newest
+        cursor: it is sent every event committed after this start), then starts the loops."""
         for deliverer in self.deliverers:
+            first = await deliverer.claim()
             name = f"webhook {deliverer.subscription.shown}"
-            self._tasks.append(tasks.detach(deliverer.run(), name=name))
+            self._tasks.append(tasks.detach(deliverer.run(first), name=name))
         if self.deliverers:
             log.info("webhook delivery started", urls=[d.subscription.shown for d in self.deliverers])
 

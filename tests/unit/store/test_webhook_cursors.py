@@ -46,7 +46,9 @@ async def test_a_new_url_starts_at_the_newest_event_and_its_holder_moves_its_cur
     assert not await ledger.advance_webhook(lease, 5), "the previous epoch's advance changes nothing"
 
 
-async def test_a_lapsed_lease_moves_nothing_and_another_holder_takes_it_from_the_cursor(ledger: Ledger) -> None:
+async def test_a_lapsed_lease_moves_nothing_and_another_holder_takes_it_from_the_cursor(
+    ledger: Ledger,
+) -> None:
     await _append(ledger, 1)
     lease = await ledger.claim_webhook(URL, "pod-0", 30)
     assert lease is not None
@@ -87,6 +89,8 @@ async def test_only_the_newest_failures_are_kept(ledger: Ledger, monkeypatch: py
     lease = await ledger.claim_webhook(URL, "pod-0", 30)
     assert lease is not None
     for cursor in await _append(ledger, 5):
-        assert await ledger.advance_webhook(lease, cursor, failure=WebhookFailure(URL, cursor, 2, "timeout", now()))
+        assert await ledger.advance_webhook(
+            lease, cursor, failure=WebhookFailure(URL, cursor, 2, "timeout", now())
+        )
     assert [f.cursor for f in await ledger.webhook_failures(URL)] == [5, 4, 3]
     assert [r.failed for r in await ledger.webhooks()] == [5]

@@ -51,15 +51,19 @@ def _settings(holder: str = "pod-0", **kw: float) -> Settings:
 async def _append(ledger: SqliteLedger, webhooks: list[Webhooks], owner: str = "alice") -> EventRecord:
     sid = str(uuid.uuid4())
     await ledger.add_session(NewSession(sid, "/ws", {}, True, principal=owner))
-    event = await ledger.erase_session(sid, NewEvent("SESSION_DELETED", sid, principal=owner, data={"owner": owner}))
+    event = await ledger.erase_session(
+        sid, NewEvent("SESSION_DELETED", sid, principal=owner, data={"owner": owner})
+    )
     for w in webhooks:
         w.publish(event)
     return event
 
 
-def _start(ledger: SqliteLedger, urls: list[str], settings: Settings, principal: str | None = None) -> Webhooks:
+async def _start(
+    ledger: SqliteLedger, urls: list[str], settings: Settings, principal: str | None = None
+) -> Webhooks:
     webhooks = Webhooks([Subscription(u, principal) for u in urls], ledger, settings, KEYS, rewind_event_json)
-    webhooks.start()
+    await webhooks.start()
     return webhooks
 
 
@@ -86,7 +90,7 @@ async def test_events_arrive_in_order_retried_and_a_hopeless_one_recorded_and_st
         return "fail" if msg_id == "3" else "ok"
 
     receiver.plan = plan
-    webhooks = _start(ledger, [receiver.url], _settings())
+    webhooks = await _start(ledger, [receiver.url], _settings())
     try:
         await _claimed(ledger, 1)
         events = [await _append(ledger, [webhooks]) for _ in range(4)]
@@ -106,17 +110,22 @@ async def test_events_arrive_in_order_retried_and_a_hopeless_one_recorded_and_st
         [failed] = await ledger.webhook_failures(receiver.url)
         assert (failed.cursor, failed.attempts) == (3, 3)
         label = Subscription(receiver.url).shown
-        assert metrics.REGISTRY.get_sample_value(
-            "agent_rewind_webhook_events_total", {"webhook": label, "outcome": "failed"}
-        ) == 1
+        assert (
+            metrics.REGISTRY.get_sample_value(
+                "agent_rewind_webhook_events_total", {"webhook": label, "outcome": "failed"}
+            )
+            == 1
+        )
     finally:
         await webhooks.stop()
 
 
-async def test_a_hanging_url_holds_up_no_other_and_times_out(ledger: SqliteLedger, receiver: Receiver) -> None:
+async def test_a_hanging_url_holds_up_no_other_and_times_out(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
     stuck = Receiver(KEYS, plan=lambda msg_id, attempt: "hang")
     await stuck.start("/stuck")
-    webhooks = _start(ledger, [stuck.url, receiver.url], _settings(timeout_s=30.0, max_attempts=1))
+    webhooks = await _start(ledger, [stuck.url, receiver.url], _settings(timeout_s=30.0, max_attempts=1))
     try:
         await _claimed(ledger, 2)
         for _ in range(5):
@@ -129,13 +138,12 @@ async def test_a_hanging_url_holds_up_no_other_and_times_out(ledger: SqliteLedge
         await stuck.stop()
 
 
-
 async def test_an_attempt_that_gets_no_answer_times_out_and_the_event_is_recorded_failed(
     ledger: SqliteLedger,
 ) -> None:
     stuck = Receiver(KEYS, plan=lambda msg_id, attempt: "hang")
     await stuck.start()
-    webhooks = _start(ledger, [stuck.url], _settings(timeout_s=0.3, max_attempts=2))
+    webhooks = await _start(ledger, [stuck.url], _settings(timeout_s=0.3, max_attempts=2))
     try:
         await _claimed(ledger, 1)
         await _append(ledger, [webhooks])
@@ -154,9 +162,9 @@ async def test_an_attempt_that_gets_no_answer_times_out_and_the_event_is_recorde
 async def test_one_holder_at_a_time_and_the_next_resumes_after_the_cursor(
     ledger: SqliteLedger, receiver: Receiver
 ) -> None:
-    first = _start(ledger, [receiver.url], _settings("pod-0"))
+    first = await _start(ledger, [receiver.url], _settings("pod-0"))
     await _claimed(ledger, 1)
-    second = _start(ledger, [receiver.url], _settings("pod-1", lease_s=1.0))
+    second = await _start(ledger, [receiver.url], _settings("pod-1", lease_s=1.0))
     try:
         for _ in range(3):
             await _append(ledger, [first, second])
@@ -177,7 +185,7 @@ async def test_one_holder_at_a_time_and_the_next_resumes_after_the_cursor(
 async def test_a_restart_resumes_after_the_cursor_and_a_principal_gets_only_its_events(
     ledger: SqliteLedger, receiver: Receiver
 ) -> None:
-    webhooks = _start(ledger, [receiver.url], _settings(), principal="alice")
+    webhooks = await _start(ledger, [receiver.url], _settings(), principal="alice")
     await _claimed(ledger, 1)
     await _append(ledger, [webhooks], owner="alice")
     await _append(ledger, [webhooks], owner="bob")
@@ -186,7 +194,7 @@ async def test_a_restart_resumes_after_the_cursor_and_a_principal_gets_only_its_
     await webhooks.stop()
     await _append(ledger, [], owner="alice")  # while no one delivers
     await _append(ledger, [], owner="bob")
-    again = _start(ledger, [receiver.url], _settings(), principal="alice")
+    again = await _start(ledger, [receiver.url], _settings(), principal="alice")
     try:
         await receiver.wait_for(2)
         await _cursor(ledger, 4)
