@@ -141,7 +141,7 @@ async def open_ledger(made: Made, config: Config) -> Ledger:
     """The SQLite file in the state dir, or PostgreSQL with --database-url; the events past their
     retention dropped."""
     try:
-        ledger = await _open_ledger(config)
+        ledger = await ledger_of(config)
     except (SchemaTooNew, StorageUnavailable, ImportError, StartError) as err:
         raise err if isinstance(err, StartError) else StartError(str(err)) from err
     made.push_async_callback(ledger.close)
@@ -152,7 +152,7 @@ async def open_ledger(made: Made, config: Config) -> Ledger:
     return ledger
 
 
-async def _open_ledger(config: Config) -> Ledger:
+async def ledger_of(config: Config) -> Ledger:
     if not config.database_url:
         return await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
     try:

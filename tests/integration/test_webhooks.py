@@ -10,6 +10,8 @@ cursor move the kill may have cut off)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -161,8 +163,23 @@ async def test_every_event_arrives_signed_in_order_across_500s_hangs_and_a_sigki
         assert before_kill == [1, 2, 3, 4]
         _check(receiver, before_kill, watched, 7)
         assert receiver.accepted[-1].document["type"] == "agent_rewind.v1.session_deleted"
+        # What the operator's command says of it, the server still running.
+        async with asyncio.timeout(30):
+            while (row := await _listed(server.state_dir))["cursor"] < 7:
+                await asyncio.sleep(0.1)
+        assert (row["lag"], row["failed"], row["held"], row["delivered"]) == (0, 0, True, 7)
     finally:
         await server.close()
+
+
+async def _listed(state_dir: Path) -> dict[str, Any]:
+    """`agent-rewind webhooks --json`'s one URL."""
+    command = [sys.executable, "-m", "agent_rewind.cli", "webhooks", "--state-dir", str(state_dir), "--json"]
+    proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    [row] = json.loads(out)["webhooks"]
+    return dict(row)
 
 
 def _replica(tmp_path: Path, database: str, i: int, url: str) -> ServerProcess:
