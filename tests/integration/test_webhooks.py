@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import json_format

@@ -18,6 +18,7 @@ implementation may talk to a database server without blocking the event loop.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -488,6 +489,17 @@ class WebhookFailure:
 
 
 @dataclass(frozen=True)
+class WebhookMove:
+    """One URL's cursor moved forward (`advance_webhooks`): `delivered` events delivered up to
+    `cursor`, or `failure` recorded."""
+
+    lease: WebhookLease
+    cursor: int
+    delivered: int = 0
+    failure: WebhookFailure | None = None
+
+
+@dataclass(frozen=True)
 class WebhookRecord:
     """A URL's delivery as the ledger has it: its cursor, who delivers it, what it did so far."""
 
@@ -522,6 +534,11 @@ class WebhookCursors(Protocol):
     ) -> bool:
         """Moves the URL's cursor forward to `cursor` (counting `delivered` events delivered, and
         recording `failure`), only while `lease` is current; False, changing nothing, otherwise."""
+        ...
+
+    async def advance_webhooks(self, moves: Sequence[WebhookMove]) -> list[bool]:
+        """`advance_webhook` of each move, in one transaction (one sync to disk for every URL's
+        move); whether each moved."""
         ...
 
     async def release_webhook(self, lease: WebhookLease) -> None:

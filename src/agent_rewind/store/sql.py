@@ -8,6 +8,7 @@ two). What the two databases need done differently is the dialect's; everything 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from agent_rewind.store.ledger import (
     Tombstone,
     WebhookFailure,
     WebhookLease,
+    WebhookMove,
     WebhookRecord,
     now,
 )
@@ -575,17 +577,22 @@ class SqlLedger(Dialect):
     async def advance_webhook(
         self, lease: WebhookLease, cursor: int, *, delivered: int = 0, failure: WebhookFailure | None = None
     ) -> bool:
+        [moved] = await self.advance_webhooks([WebhookMove(lease, cursor, delivered, failure)])
+        return moved
+
+    async def advance_webhooks(self, moves: Sequence[WebhookMove]) -> list[bool]:
         clock, clock_args = self._clock()
         stamp = self._encode_time(now())
 
-        def advance() -> Work[bool]:
+        def advance(move: WebhookMove) -> Work[bool]:
+            lease, failure = move.lease, move.failure
             moved = yield (
                 "UPDATE webhooks SET cursor = ?, delivered = delivered + ?, failed = failed + ?,"
                 " last_error = CASE WHEN ? THEN ? ELSE last_error END, update_time = ?"
                 f" WHERE url = ? AND lease_epoch = ? AND lease_expires > {clock} AND cursor < ?",
                 (
-                    cursor,
-                    delivered,
+                    move.cursor,
+                    move.delivered,
                     1 if failure is not None else 0,
                     failure is not None,
                     failure.error if failure is not None else "",
@@ -593,7 +600,7 @@ class SqlLedger(Dialect):
                     lease.url,
                     lease.epoch,
                     *clock_args,
-                    cursor,
+                    move.cursor,
                 ),
             )
             if not moved.rowcount:
@@ -611,7 +618,14 @@ class SqlLedger(Dialect):
                 )
             return True
 
-        return await self._transaction(advance)
+        def advance_all() -> Work[list[bool]]:
+            # In URL order, so two replicas' batches lock the rows in one order.
+            done: dict[int, bool] = {}
+            for n, move in sorted(enumerate(moves), key=lambda m: (m[1].lease.url, m[1].cursor)):
+                done[n] = yield from advance(move)
+            return [done[n] for n in range(len(moves))]
+
+        return await self._transaction(advance_all)
 
     async def release_webhook(self, lease: WebhookLease) -> None:
         clock, args = self._clock()

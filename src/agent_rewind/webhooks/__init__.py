@@ -7,6 +7,8 @@ in cursor order per URL, as a CloudEvents 1.0 JSON document signed as Standard W
 - `envelope.py`: an event as a CloudEvent (structured JSON); `signing.py`: its headers.
 - `backoff.py`: how long a failed attempt waits before the next.
 - `delivery.py`: one URL's loop: its lease in the ledger, its cursor, its attempts.
+- `recent.py`: the events published here lately, so each is read and encoded once for every URL.
+- `cursors.py`: every URL's cursor moves, written together (one transaction for many).
 - `service.py`: every URL's loop, started and stopped together, woken when an event is published.
 
 A layer above `store/` (it reads the event log and keeps its cursors through the ledger's

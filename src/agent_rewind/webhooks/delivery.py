@@ -26,9 +26,19 @@ import aiohttp
 import structlog
 
 from agent_rewind import metrics
-from agent_rewind.store.ledger import EventLog, EventRecord, WebhookCursors, WebhookFailure, WebhookLease, now
+from agent_rewind.store.ledger import (
+    EventLog,
+    EventRecord,
+    WebhookCursors,
+    WebhookFailure,
+    WebhookLease,
+    WebhookMove,
+    now,
+)
 from agent_rewind.webhooks import backoff
-from agent_rewind.webhooks.envelope import Encode, envelope
+from agent_rewind.webhooks.cursors import CursorWriter
+from agent_rewind.webhooks.envelope import Encode
+from agent_rewind.webhooks.recent import Recent
 from agent_rewind.webhooks.signing import Signer
 from agent_rewind.webhooks.subscriptions import Subscription, Visible
 
@@ -68,12 +78,15 @@ class Deliverer:
         signer: Signer,
         encode: Encode,
         visible: Visible,
+        cursors: CursorWriter | None = None,
+        recent: Recent | None = None,
     ) -> None:
         self.subscription = subscription
+        self._cursors = cursors or CursorWriter(store)
+        self._recent = recent or Recent(store, encode)
         self._store = store
         self._settings = settings
         self._signer = signer
-        self._encode = encode
         self._visible = visible
         self._wake = asyncio.Event()
         self._label = subscription.shown
@@ -171,7 +184,7 @@ class Deliverer:
         cursor = lease.cursor
         while True:
             self._wake.clear()
-            batch = await self._store.events_after(cursor, limit=BATCH)
+            batch = await self._recent.after(cursor, BATCH)
             if not batch:
                 metrics.WEBHOOK_LAG.labels(self._label).set(0)
                 await self._idle(self._settings.poll_s)
@@ -185,7 +198,7 @@ class Deliverer:
                     after_cursor=cursor,
                     missed=missed,
                 )
-            _, newest = await self._store.event_bounds()
+            newest = max(self._recent.newest, batch[-1].cursor)
             skipped = 0
             for event in batch:
                 metrics.WEBHOOK_LAG.labels(self._label).set(max(0, newest - cursor))
@@ -210,7 +223,7 @@ class Deliverer:
         """Moves the cursor, in a task a stop does not cancel (`run` waits for it before giving
         the lease back): an event the receiver took is not sent again after a clean stop."""
         self._advancing = asyncio.ensure_future(
-            self._store.advance_webhook(lease, cursor, delivered=delivered, failure=failure)
+            self._cursors.advance(WebhookMove(lease, cursor, delivered, failure))
         )
         try:
             return await asyncio.shield(self._advancing)
@@ -221,7 +234,7 @@ class Deliverer:
     async def _deliver(self, event: EventRecord, http: aiohttp.ClientSession) -> WebhookFailure | None:
         """POSTs the event until a 2xx, or its attempts run out (then the failure to record)."""
         settings = self._settings
-        sealed = envelope(event, self._encode)
+        sealed = self._recent.envelope(event)
         body = sealed.body.encode("utf-8")
         error = ""
         for attempt in range(1, settings.max_attempts + 1):
