@@ -313,7 +313,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "--webhook-secret-file",
         "webhook_secret_file",
         "the Standard Webhooks keys that sign every delivery, one whsec_... key a line (all of them sign: "
-        "keys rotate); readable by no other user; needed with --webhook-url",
+        "keys rotate), readable by no other user; needed by webhook URLs",
         convert=Path,
         metavar="FILE",
         default_help="none",
