@@ -4,7 +4,8 @@ Two real servers in processes of their own (`agent-rewind serve`), each with one
 delivers every event to 10 URLs (`--webhook-url`, ten paths of one aiohttp receiver in this
 process that answers 204 at once), the other to none. This process makes the rewinds, files
 rewinds to alternating points, one at a time, the two servers taking turns round by round; the
-next rewind starts once all ten URLs have the last one. The receiver stamps each receipt with
+next rewind starts once all ten URLs have the last one, and 50 ms later (the servers taking
+turns rewind by rewind); then as many back to back on each server. The receiver stamps each receipt with
 CLOCK_MONOTONIC, the clock the rewinds are timed by.
 
 - latency: each receipt less the moment its `Rewind` returned (median, p99, max over every
@@ -103,7 +104,13 @@ async def _newest(server: ServerProcess) -> int:
 
 
 async def _rewinds(
-    server: ServerProcess, sid: str, ids: list[str], count: int, receiver: _Receiver | None, pause: float
+    server: ServerProcess,
+    sid: str,
+    ids: list[str],
+    count: int,
+    receiver: _Receiver | None,
+    pause: float,
+    start: int = 0,
 ) -> tuple[list[float], list[float]]:
     """`count` rewinds, each `pause` seconds after the last one's event arrived (for the server
     without URLs, after the last one returned): their durations, and (with the receiver) each
@@ -112,7 +119,7 @@ async def _rewinds(
     durations, heard = [], []
     for i in range(count):
         request = rewind_service_pb2.RewindRequest(
-            session_id=sid, message_id=ids[i % 2], mode=rewind_pb2.REWIND_MODE_FILES
+            session_id=sid, message_id=ids[(start + i) % 2], mode=rewind_pb2.REWIND_MODE_FILES
         )
         called = time.monotonic()
         await server.rewinds.Rewind(request)
@@ -157,15 +164,29 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
         sessions = {"hooked": await _session(hooked), "plain": await _session(plain)}
         await _rewinds(hooked, *sessions["hooked"], 2, receiver, 0)  # warm both up, untimed
         await _rewinds(plain, *sessions["plain"], 2, None, 0)
+        servers = {"hooked": hooked, "plain": plain}
+        done = {"hooked": 0, "plain": 0}  # rewinds made on each: the next goes to the other point
+
+        async def measure(name: str, count: int, pause: float) -> list[float]:
+            took, got = await _rewinds(
+                servers[name],
+                *sessions[name],
+                count,
+                receiver if name == "hooked" else None,
+                pause,
+                done[name],
+            )
+            done[name] += count
+            heard.extend(got)
+            return took
+
         for r in range(rounds):
-            for pause in (PAUSE_S, 0.0):
-                for name in ("hooked", "plain") if r % 2 == 0 else ("plain", "hooked"):
-                    server = hooked if name == "hooked" else plain
-                    took, got = await _rewinds(
-                        server, *sessions[name], rewinds, receiver if name == "hooked" else None, pause
-                    )
-                    durations[name if pause else f"{name} back to back"] += took
-                    heard += got
+            # Paced: the servers take turns rewind by rewind, so a burst of load falls on both.
+            for i in range(rewinds):
+                for name in ("hooked", "plain") if (r + i) % 2 == 0 else ("plain", "hooked"):
+                    durations[name] += await measure(name, 1, PAUSE_S)
+            for name in ("hooked", "plain") if r % 2 == 0 else ("plain", "hooked"):
+                durations[f"{name} back to back"] += await measure(name, rewinds, 0.0)
     finally:
         await hooked.close()
         await plain.close()
@@ -207,7 +228,7 @@ async def _run(work: Path, rounds: int, rewinds: int) -> Report:
     )
     report.notes += [
         f"{rounds} rounds of {rewinds} files rewinds per server, each {PAUSE_S * 1e3:.0f} ms after the last one's "
-        f"event arrived (and as many back to back), the servers taking turns; one receiver process "
+        f"event arrived, the servers taking turns rewind by rewind (and as many back to back); one receiver process "
         f"(this one) for the {URLS} URLs; a negative latency is a receipt before the caller's answer arrived",
         "both servers, their CLIs and the receiver share this machine's cores",
     ]
