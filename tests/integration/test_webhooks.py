@@ -173,9 +173,10 @@ async def test_every_event_arrives_signed_in_order_across_500s_hangs_and_a_sigki
         await server.close()
 
 
-async def _listed(state_dir: Path) -> dict[str, Any]:
+async def _listed(state_dir: Path | None = None, database: str = "") -> dict[str, Any]:
     """`agent-rewind webhooks --json`'s one URL."""
-    command = [sys.executable, "-m", "agent_rewind.cli", "webhooks", "--state-dir", str(state_dir), "--json"]
+    where = ["--database-url", database] if database else ["--state-dir", str(state_dir)]
+    command = [sys.executable, "-m", "agent_rewind.cli", "webhooks", *where, "--json"]
     proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     assert proc.returncode == 0
@@ -229,6 +230,10 @@ async def test_two_replicas_on_postgresql_deliver_once_each_and_survive_the_deli
         _check(receiver, before_kill, watched, 7)
         held = [line for line in other.log_lines() if line.get("event") == "delivering to a webhook URL"]
         assert held and held[-1].get("after_cursor") == 4, "the other took over from the cursor"
+        async with asyncio.timeout(30):
+            while (row := await _listed(database=database))["cursor"] < 7:
+                await asyncio.sleep(0.1)
+        assert (row["holder"], row["held"], row["lag"], row["failed"]) == ("replica-1", True, 0, 0)
     finally:
         await delivering.close()
         await other.close()

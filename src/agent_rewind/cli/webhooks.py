@@ -86,6 +86,9 @@ async def _report(state: Path, url: str, password: Path | None) -> list[dict[str
 
 
 def _webhooks(args: argparse.Namespace, out: TextIO) -> int:
+    from agent_rewind import logs
+
+    logs.configure("auto", "warning")  # the ledger's own log lines on stderr, and only its warnings
     rows = asyncio.run(_report(*_options(args)))
     if args.json:
         print_line(out, json.dumps({"webhooks": rows}, indent=2))
