@@ -14,7 +14,8 @@ from aiohttp import web
 from standardwebhooks import Webhook, WebhookVerificationError
 
 # What to do with the n-th attempt (from 1) of the delivery with webhook-id `msg_id`.
-Plan = Callable[[str, int], str]  # "ok", "fail" (HTTP 500) or "hang"
+# "ok", "fail" (HTTP 500), "hang" (no answer), or "take-and-hang" (kept as delivered, no answer).
+Plan = Callable[[str, int], str]
 
 
 def always_ok(msg_id: str, attempt: int) -> str:
@@ -74,6 +75,12 @@ class Receiver:
         attempt = 1 + sum(1 for seen, _ in self.attempts if seen == msg_id)
         action = self.plan(msg_id, attempt)
         self.attempts.append((msg_id, action))
+        if action == "take-and-hang":  # kept, as if handled, but the answer never sent
+            self.accepted.append(
+                Delivery(msg_id, json.loads(body), headers, asyncio.get_running_loop().time())
+            )
+            self.arrived.set()
+            action = "hang"
         if action == "hang":
             self.hanging.set()
             await self._release.wait()

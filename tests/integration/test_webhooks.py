@@ -52,20 +52,19 @@ def _webhook_args(tmp_path: Path, url: str) -> list[str]:
     ]
 
 
-def _plan(crash_at: int, at_crash_point: asyncio.Event) -> Callable[[str, int], str]:
+def _plan(crash_at: int, at_crash_point: asyncio.Event, killed: asyncio.Event) -> Callable[[str, int], str]:
     """Even cursors fail (500) at their first attempt, cursor 3 hangs at its first (the sender's
-    timeout ends it); `crash_at` hangs until the test has killed the server."""
-    crashed = False
+    timeout ends it). `crash_at` is taken (the receiver keeps it) but never answered, and every
+    attempt at it hangs, until the test has killed the server: the restarted server (or the
+    replica that takes over) sends it again, the duplicate the crash explains."""
 
     def plan(msg_id: str, attempt: int) -> str:
-        nonlocal crashed
         cursor = int(msg_id)
-        if cursor == crash_at and not crashed:
+        if cursor == crash_at and not killed.is_set():
             if at_crash_point.is_set():
-                crashed = True  # the first attempt after the kill: the restarted server's
-            else:
-                at_crash_point.set()
                 return "hang"
+            at_crash_point.set()
+            return "take-and-hang"
         if attempt == 1 and cursor % 2 == 0:
             return "fail"
         if attempt == 1 and cursor == 3:
@@ -121,6 +120,7 @@ def _check(
     assert cursors == sorted(cursors), "in cursor order"
     duplicates = {c for c in cursors if cursors.count(c) > 1}
     assert duplicates <= set(before_kill[-1:]), "only the event taken just before the kill comes twice"
+    assert all(cursors.count(c) <= 2 for c in cursors)
     for delivery in receiver.accepted:
         document = delivery.document
         cursor = int(document["id"])
@@ -136,8 +136,8 @@ def _check(
 async def test_every_event_arrives_signed_in_order_across_500s_hangs_and_a_sigkill(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    at_crash_point = asyncio.Event()
-    receiver.plan = _plan(5, at_crash_point)
+    at_crash_point, killed = asyncio.Event(), asyncio.Event()
+    receiver.plan = _plan(5, at_crash_point, killed)
     server = ServerProcess(tmp_path / "state", args=_webhook_args(tmp_path, receiver.url))
     try:
         await server.start()
@@ -152,6 +152,7 @@ async def test_every_event_arrives_signed_in_order_across_500s_hangs_and_a_sigki
         before_kill = receiver.cursors()
         server.kill()
         assert await server.wait() == -9
+        killed.set()
         await server.start()
         c = client_of(server)
         await _undo(c, sid, third.rewind_id)  # 6
@@ -161,8 +162,9 @@ async def test_every_event_arrives_signed_in_order_across_500s_hangs_and_a_sigki
         async with asyncio.timeout(60):
             while 7 not in receiver.cursors():
                 await receiver.wait_for(len(receiver.accepted) + 1)
-        assert before_kill == [1, 2, 3, 4]
+        assert before_kill == [1, 2, 3, 4, 5]
         _check(receiver, before_kill, watched, 7)
+        assert receiver.cursors().count(5) == 2, "the event taken as the server died comes again"
         assert receiver.accepted[-1].document["type"] == "agent_rewind.v1.session_deleted"
         # What the operator's command says of it, the server still running.
         async with asyncio.timeout(30):
@@ -201,8 +203,8 @@ async def test_two_replicas_on_postgresql_deliver_once_each_and_survive_the_deli
     tmp_path: Path, receiver: Receiver, postgres: PostgresServer
 ) -> None:
     database = postgres.url(postgres.create_database())
-    at_crash_point = asyncio.Event()
-    receiver.plan = _plan(5, at_crash_point)
+    at_crash_point, killed = asyncio.Event(), asyncio.Event()
+    receiver.plan = _plan(5, at_crash_point, killed)
     delivering, other = (_replica(tmp_path, database, i, receiver.url) for i in range(2))
     try:
         await delivering.start()  # claims the URL first: it delivers
@@ -218,6 +220,7 @@ async def test_two_replicas_on_postgresql_deliver_once_each_and_survive_the_deli
         before_kill = receiver.cursors()
         delivering.kill()
         assert await delivering.wait() == -9
+        killed.set()
         # The other replica claims the URL once the killed one's lease lapses (3 s), from its cursor.
         await _undo(c, sid, third.rewind_id)
         await receiver.wait_for(6)
@@ -226,8 +229,9 @@ async def test_two_replicas_on_postgresql_deliver_once_each_and_survive_the_deli
         async with asyncio.timeout(60):
             while 7 not in receiver.cursors():
                 await receiver.wait_for(len(receiver.accepted) + 1)
-        assert before_kill == [1, 2, 3, 4]
+        assert before_kill == [1, 2, 3, 4, 5]
         _check(receiver, before_kill, watched, 7)
+        assert receiver.cursors().count(5) == 2, "the event taken as the server died comes again"
         held = [line for line in other.log_lines() if line.get("event") == "delivering to a webhook URL"]
         assert held and held[-1].get("after_cursor") == 4, "the other took over from the cursor"
         async with asyncio.timeout(30):
