@@ -463,6 +463,17 @@ def make_webhooks(
         max_attempts=config.webhook_max_attempts,
         timeout_s=config.webhook_timeout,
     )
+    for subscription in subscriptions:
+        if (
+            subscription.principal is not None
+            and access is not None
+            and not access.named(subscription.principal)
+        ):
+            log.warning(
+                "a webhook's principal is not in the access file: it is sent nothing until it is",
+                webhook=subscription.shown,
+                principal=subscription.principal,
+            )
     return Webhooks(subscriptions, ledger, settings, keys, encode, access)
 
 

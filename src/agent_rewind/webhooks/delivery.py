@@ -25,7 +25,7 @@ from typing import Protocol
 import aiohttp
 import structlog
 
-from agent_rewind import metrics
+from agent_rewind import __version__, metrics
 from agent_rewind.store.ledger import (
     EventLog,
     EventRecord,
@@ -44,6 +44,7 @@ from agent_rewind.webhooks.subscriptions import Subscription, Visible
 
 log = structlog.get_logger(__name__)
 
+USER_AGENT = f"agent-rewind/{__version__}"
 # Events read from the log at a time.
 BATCH = 100
 # How often an idle loop looks in the log for events it was not woken for (another replica's).
@@ -240,6 +241,7 @@ class Deliverer:
         for attempt in range(1, settings.max_attempts + 1):
             headers = {
                 "content-type": sealed.content_type,
+                "user-agent": USER_AGENT,
                 **self._signer.headers(sealed.msg_id, sealed.body),
             }
             result, error = await self._attempt(http, body, headers)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from agent_rewind.access import AccessFile, Permission, Principal
-from agent_rewind.errors import Unauthenticated
 from agent_rewind.store.ledger import EventRecord
 
 
@@ -86,10 +85,7 @@ def visibility(subscription: Subscription, access: AccessFile | None) -> Visible
     def principal() -> Principal | None:
         if access is None:  # no authentication: principals are names only, as sessions record them
             return Principal(name, frozenset({Permission.EVENTS_READ}))
-        try:
-            return access.by_name(name)
-        except Unauthenticated:
-            return None
+        return access.named(name)
 
     def visible(event: EventRecord) -> bool:
         found = principal()

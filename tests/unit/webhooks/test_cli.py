@@ -5,25 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from agent_rewind.cli import main
 from agent_rewind.store.ledger import NewEvent, NewSession, WebhookFailure, now
 from agent_rewind.store.sqlite import SqliteLedger
 
 URL = "https://hooks.example/in?token=s3cret"
-
-
-@pytest.fixture(autouse=True)
-def _logging_as_it_was() -> Iterator[None]:
-    """The command configures the logs (warnings, on stderr): the other tests' are put back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 async def _ledger_with_a_failure(state: Path) -> None:

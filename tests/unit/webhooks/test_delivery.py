@@ -98,6 +98,7 @@ async def test_events_arrive_in_order_retried_and_a_hopeless_one_recorded_and_st
         assert receiver.cursors() == [1, 2, 4]
         assert [a for a in receiver.attempts if a[0] == "3"] == [("3", "fail")] * 3
         assert receiver.bad_signatures == 0
+        assert receiver.accepted[0].headers["user-agent"].startswith("agent-rewind/")
         first = receiver.accepted[0].document
         assert (first["type"], first["subject"], first["data"]["cursor"]) == (
             "agent_rewind.v1.session_deleted",

@@ -81,3 +81,43 @@ def test_urls_and_principals_come_from_the_environment_separated_by_spaces(tmp_p
     assert (config.webhook_max_attempts, config.webhook_timeout) == (3, 2.5)
     with pytest.raises(SystemExit):
         parse_args(_serve(tmp_path, "--webhook-timeout", "0"))
+
+
+def test_a_principal_the_access_file_lacks_is_warned_of_at_start(tmp_path: Path) -> None:
+    import json
+
+    from structlog.testing import capture_logs
+
+    from agent_rewind import components
+    from agent_rewind.access import AccessFile
+    from agent_rewind.config import Config
+    from agent_rewind.rpc.convert import rewind_event_json
+    from agent_rewind.webhooks import Subscription
+
+    access_path = tmp_path / "access.json"
+    access_path.write_text(json.dumps({"principals": [{"name": "alice", "permissions": ["events.read"]}]}))
+    config = Config(state_dir=tmp_path).resolved()
+    subscriptions = [Subscription("http://127.0.0.1:9/a", "alice"), Subscription(URL, "ghost")]
+    with capture_logs() as logged:
+        components.make_webhooks(
+            config,
+            None,
+            subscriptions,
+            [new_key()],
+            rewind_event_json,
+            AccessFile(access_path),  # type: ignore[arg-type]
+        )
+    warned = [e for e in logged if e["log_level"] == "warning"]
+    assert [(e["principal"], e["webhook"]) for e in warned] == [("ghost", "https://hooks.example/in")]
+    # alice has no token: a principal that only receives webhooks needs none.
+    from datetime import UTC, datetime
+
+    from agent_rewind.store.ledger import EventRecord
+    from agent_rewind.webhooks.subscriptions import visibility
+
+    visible = visibility(subscriptions[0], AccessFile(access_path))
+    events = [
+        EventRecord(1, "REWOUND", "s", "r", owner, datetime.now(UTC), {"owner": owner})
+        for owner in ("alice", "bob")
+    ]
+    assert [visible(e) for e in events] == [True, False]
