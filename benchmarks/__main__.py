@@ -12,11 +12,21 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import events, memory, overhead, points, replicas, rewind, sandbox, snapshots
+from benchmarks import events, memory, overhead, points, replicas, rewind, sandbox, snapshots, webhooks
 from benchmarks.common import Report, machine
 from benchmarks.docs import DOC, update_results
 
-BENCHMARKS = ("points", "rewind", "memory", "events", "overhead", "snapshots", "replicas", "sandbox")
+BENCHMARKS = (
+    "points",
+    "rewind",
+    "memory",
+    "events",
+    "overhead",
+    "snapshots",
+    "replicas",
+    "sandbox",
+    "webhooks",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         "snapshots": lambda: snapshots.run(work / "snapshots", quick=args.quick),
         "replicas": lambda: replicas.run(work / "replicas", quick=args.quick),
         "sandbox": lambda: sandbox.run(work / "sandbox", quick=args.quick),
+        "webhooks": lambda: webhooks.run(
+            work / "webhooks", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 20
+        ),
     }
     reports: list[Report] = []
     started = time.monotonic()

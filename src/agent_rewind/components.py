@@ -21,7 +21,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 
-from agent_rewind import metrics, tracing
+from agent_rewind import logs, metrics, tracing
+from agent_rewind.access import AccessFile
 from agent_rewind.config import Config
 from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
@@ -43,6 +44,11 @@ from agent_rewind.snapshots import git as snapshot_git
 from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
+from agent_rewind.webhooks import SecretFileError, Subscription, SubscriptionError, Webhooks
+from agent_rewind.webhooks import read_secret_file as read_webhook_keys
+from agent_rewind.webhooks import subscriptions as webhook_subscriptions
+from agent_rewind.webhooks.delivery import Settings as WebhookSettings
+from agent_rewind.webhooks.envelope import Encode
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +85,7 @@ def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, st
 def service_files(config: Config) -> list[Path]:
     """The service's own files and directories, which no command of an agent may read."""
     files = [config.access_file, config.tls_cert, config.tls_key, config.tls_client_ca, config.replica_ca]
-    files.append(config.database_password_file)
+    files.extend((config.database_password_file, config.webhook_secret_file))
     return [config.state_dir, *config.workspace_roots, *(f for f in files if f is not None)]
 
 
@@ -135,7 +141,7 @@ async def open_ledger(made: Made, config: Config) -> Ledger:
     """The SQLite file in the state dir, or PostgreSQL with --database-url; the events past their
     retention dropped."""
     try:
-        ledger = await _open_ledger(config)
+        ledger = await ledger_of(config)
     except (SchemaTooNew, StorageUnavailable, ImportError, StartError) as err:
         raise err if isinstance(err, StartError) else StartError(str(err)) from err
     made.push_async_callback(ledger.close)
@@ -146,7 +152,7 @@ async def open_ledger(made: Made, config: Config) -> Ledger:
     return ledger
 
 
-async def _open_ledger(config: Config) -> Ledger:
+async def ledger_of(config: Config) -> Ledger:
     if not config.database_url:
         return await SqliteLedger.open(config.ledger_path, busy_timeout=config.ledger_busy_timeout)
     try:
@@ -432,6 +438,66 @@ async def _trim_events(ledger: Ledger, config: Config) -> None:
     )
     if dropped:
         log.info("events past their retention dropped", count=dropped)
+
+
+def webhook_keys(config: Config) -> tuple[list[Subscription], list[str]]:
+    """The webhook URLs and the keys that sign for them, checked before anything is opened: a
+    bad URL, a missing, open or malformed secret file is a usage error."""
+    try:
+        subscriptions = webhook_subscriptions(config.webhook_urls, config.webhook_principals)
+    except SubscriptionError as err:
+        raise StartError(str(err), usage=True) from err
+    if not subscriptions:
+        return [], []
+    if config.webhook_secret_file is None:
+        raise StartError(
+            "--webhook-url needs --webhook-secret-file (the keys that sign deliveries)", usage=True
+        )
+    try:
+        keys = read_webhook_keys(config.webhook_secret_file)
+    except SecretFileError as err:
+        raise StartError(f"--webhook-secret-file {err}", usage=True) from err
+    for key in keys:
+        logs.secret(key)
+    return subscriptions, keys
+
+
+def make_webhooks(
+    config: Config,
+    ledger: Ledger,
+    subscriptions: list[Subscription],
+    keys: list[str],
+    encode: Encode,
+    access: AccessFile | None,
+) -> Webhooks:
+    """Every URL's delivery loop, not started (`start_webhooks`, once the server serves): its
+    `publish` is wired beside the event hub's before the parts that publish are made."""
+    settings = WebhookSettings(
+        holder=config.replica_id,
+        lease_s=config.replica_lease,
+        max_attempts=config.webhook_max_attempts,
+        timeout_s=config.webhook_timeout,
+    )
+    for subscription in subscriptions:
+        if (
+            subscription.principal is not None
+            and access is not None
+            and not access.named(subscription.principal)
+        ):
+            log.warning(
+                "a webhook's principal is not in the access file: it is sent nothing until it is",
+                webhook=subscription.shown,
+                principal=subscription.principal,
+            )
+    return Webhooks(subscriptions, ledger, settings, keys, encode, access)
+
+
+async def start_webhooks(made: Made, webhooks: Webhooks) -> Webhooks:
+    """Starts the delivery loops, last of all (this replica's epoch fences their writes), so that
+    a stop ends them first: before the sessions wind down and detached work is waited for."""
+    made.push_async_callback(webhooks.stop)
+    await webhooks.start()
+    return webhooks
 
 
 def replica_credentials(config: Config) -> grpc.ChannelCredentials | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
@@ -107,6 +107,46 @@ LEDGER_WRITE_SECONDS = Histogram(
 )
 LEDGER_WRITE_FAILURES = Counter(
     "agent_rewind_ledger_write_failures_total", "Ledger writes that failed", registry=REGISTRY
+)
+
+# Webhook delivery (webhooks/), by URL as `webhooks.subscriptions.shown` shows it: no user,
+# password or query. The URLs are the operator's few, fixed at start.
+WEBHOOK_ATTEMPTS = Counter(
+    "agent_rewind_webhook_attempts_total",
+    "Webhook POSTs, by URL and result: ok (2xx), http_error (another status), timeout, connection_error",
+    ["webhook", "result"],
+    registry=REGISTRY,
+)
+WEBHOOK_EVENTS = Counter(
+    "agent_rewind_webhook_events_total",
+    "Events done with, by URL and outcome: delivered; failed (every attempt failed: recorded, skipped)",
+    ["webhook", "outcome"],
+    registry=REGISTRY,
+)
+WEBHOOK_MISSED = Counter(
+    "agent_rewind_webhook_events_missed_total",
+    "Events dropped by the log's retention before a URL was sent them",
+    ["webhook"],
+    registry=REGISTRY,
+)
+WEBHOOK_DELIVERY_SECONDS = Histogram(
+    "agent_rewind_webhook_delivery_seconds",
+    "From an event's commit to its receiver's 2xx, by URL (retries included)",
+    ["webhook"],
+    buckets=_SLOW,
+    registry=REGISTRY,
+)
+WEBHOOK_LAG = Gauge(
+    "agent_rewind_webhook_lag_events",
+    "Events committed that this replica's delivery to a URL has not yet done with (while it holds the URL)",
+    ["webhook"],
+    registry=REGISTRY,
+)
+WEBHOOK_HELD = Gauge(
+    "agent_rewind_webhook_held",
+    "1 while this replica holds a URL's lease (delivers its events), else 0",
+    ["webhook"],
+    registry=REGISTRY,
 )
 
 

@@ -32,7 +32,7 @@ from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.replicas import Membership, Owners
 from agent_rewind.rewind.engine import RewindEngine
-from agent_rewind.rpc import registration, tooling
+from agent_rewind.rpc import convert, registration, tooling
 from agent_rewind.rpc.auth import Authenticator
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.requests import PageTokens
@@ -45,8 +45,9 @@ from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import WorkerContext
-from agent_rewind.store.ledger import Ledger
+from agent_rewind.store.ledger import EventRecord, Ledger
 from agent_rewind.testing.scripted_model import ScriptedModel
+from agent_rewind.webhooks import Subscription, Webhooks
 
 log = structlog.get_logger(__name__)
 
@@ -128,6 +129,7 @@ class RunningServer:
     proxy: EgressProxy | None = None
     membership: Membership | None = None
     forwarder: Forwarder | None = None
+    webhooks: Webhooks | None = None
     # Everything the start opened, closed latest first by `stop` (`_make` says what, in order).
     closes: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     stopping: _Stopping = field(default_factory=_Stopping)
@@ -195,6 +197,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         logs.secret(os.environ.get(variable, ""))
     check_transport(config)
     check_replicas(config)
+    webhooks = components.webhook_keys(config)
     try:
         access = AccessFile(config.access_file) if config.access_file is not None else None
         credentials = components.server_credentials(config)
@@ -217,6 +220,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
             replica_credentials=replica_credentials,
             backend=backend,
             lock=lock,
+            webhooks=webhooks,
         )
     log.info(
         "serving",
@@ -238,13 +242,14 @@ async def _make(
     replica_credentials: grpc.ChannelCredentials | None,
     backend: str,
     lock: int | None,
+    webhooks: tuple[list[Subscription], list[str]] = ([], []),
 ) -> RunningServer:
     """Opens every part of the server in order, each close on `made` as it opens, and hands the
     stack to the running server, whose stop closes them: the chores; the sessions (running turns
     get the stop's grace), open calls, and detached work; the directory's lease; the side ports;
     the channels to other replicas; the port; the snapshot threads; the event hub; the ledger; the
     scripted model; the egress proxy; the tracer provider (what is left exported); the state dir's
-    lock."""
+    lock. (The webhook loops start last and stop first.)"""
     for root in config.workspace_roots:
         root.mkdir(parents=True, exist_ok=True)
     (config.state_dir / "home").mkdir(exist_ok=True)
@@ -269,7 +274,14 @@ async def _make(
         os.pwrite(
             lock, f"pid {os.getpid()}, listening on {config.listen.rsplit(':', 1)[0]}:{port}\n".encode(), 0
         )
-    engine = RewindEngine(ledger, publish=hub.publish, snapshots=snapshots)
+    deliveries = components.make_webhooks(config, ledger, *webhooks, convert.rewind_event_json, access)
+
+    def publish(event: EventRecord) -> None:
+        """An event this process committed: to the watchers, and the webhook loops woken."""
+        hub.publish(event)
+        deliveries.publish(event)
+
+    engine = RewindEngine(ledger, publish=publish, snapshots=snapshots)
     live = LiveSlots(config.max_live_sessions or default_max_live())
     log.info("live process bound", max_live_sessions=live.capacity)
     health_servicer = tooling.Health()
@@ -322,7 +334,7 @@ async def _make(
         snapshot_retention=config.snapshot_retention,
         replica_id=config.replica_id,
     )
-    registry = SessionRegistry(config=config, ledger=ledger, ctx=ctx, publish=hub.publish, owners=owners)
+    registry = SessionRegistry(config=config, ledger=ledger, ctx=ctx, publish=publish, owners=owners)
     forwarder = (
         components.open_forwarder(made, config, owners, secret, replica_credentials)
         if owners is not None and secret is not None
@@ -364,6 +376,7 @@ async def _make(
     await listening.serve()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     components.start_chores(made, ledger, config)
+    await components.start_webhooks(made, deliveries)
     return RunningServer(
         server=server,
         port=port,
@@ -382,6 +395,7 @@ async def _make(
         proxy=proxy,
         membership=membership,
         forwarder=forwarder,
+        webhooks=deliveries,
         closes=made.pop_all(),
         stopping=stopping,
     )

@@ -30,6 +30,8 @@ from agent_rewind.server import StartError, start
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.server_process import ServerProcess
+from agent_rewind.webhooks.delivery import Deliverer
+from agent_rewind.webhooks.secrets import new_key
 from tests.integration.harness import FILES, prompt_id, read, serve
 from tests.integration.harness import test_config as config_of
 from tests.pgserver_fixture import PostgresServer
@@ -197,9 +199,10 @@ START_STEPS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "recovering interrupted rewinds": lambda m: m.setattr(RewindEngine, "recover", _refuse_later),
     "serving": _serving_refused,
     "the chores": lambda m: m.setattr(components, "start_chores", _refuse),
+    "the webhook loops": lambda m: m.setattr(Deliverer, "claim", _refuse_later),
 }
 # With a shared ledger (PostgreSQL), the steps only it has, and the last one.
-SHARED_STEPS = ("the channels to other replicas", "the chores")
+SHARED_STEPS = ("the channels to other replicas", "the webhook loops")
 START_STEPS["the channels to other replicas"] = lambda m: m.setattr(components, "Forwarder", _refuse)
 
 
@@ -239,12 +242,18 @@ def _stray_tasks(before: set[asyncio.Task[Any]]) -> list[str]:
 async def _nothing_left_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, **overrides: Any
 ) -> None:
-    # Every part a start may open is opened: the egress proxy, snapshots, both side ports.
+    # Every part a start may open is opened: the egress proxy, snapshots, both side ports, a
+    # webhook's loop (to a port where nothing listens).
+    keys = tmp_path / "webhook-keys"
+    keys.write_text(new_key() + "\n")
+    keys.chmod(0o600)
     settings: dict[str, Any] = {
         "sandbox_allow_hosts": ("example.com",),
         "workspace_snapshots": True,
         "metrics_listen": "127.0.0.1:0",
         "health_listen": "127.0.0.1:0",
+        "webhook_urls": (f"http://127.0.0.1:{_free_port()}/hook",),
+        "webhook_secret_file": keys,
         **overrides,
     }
     async with serve(tmp_path / "warm", **settings):

@@ -1,5 +1,5 @@
 """The `agent-rewind` command: `serve` runs the service; `token` makes and hashes bearer tokens;
-every other command is a client of the service.
+`webhooks` reads the ledger; every other command is a client of the service.
 
 Client commands print plain-text tables (or, with `--json`, the API's messages as JSON) on stdout,
 and a failed RPC as `error: <STATUS> <REASON>: <message>` on stderr with exit code 1. Usage errors
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import grpc
 
 from agent_rewind import config
-from agent_rewind.cli import service, sessions, tokens, turns
+from agent_rewind.cli import service, sessions, tokens, turns, webhooks
 from agent_rewind.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_RPC_ERROR,
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_commands(commands, common)
     service.add_commands(commands, common)
     tokens.add_commands(commands)
+    webhooks.add_commands(commands, client_options(top_level=False, server=False))
     return parser
 
 

@@ -32,6 +32,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """A timeout's value: a finite number of seconds, more than 0."""
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value
+
+
 def lease(text: str) -> float:
     """A lease's length: a duration of at least one second (renewed every third of it)."""
     value = seconds(text)

@@ -109,6 +109,14 @@ class Config:
     sandbox_allow_hosts: tuple[str, ...] = ()
     # A file holding the database password (a Secret mounted as a file), rather than the URL.
     database_password_file: Path | None = None
+    # Webhook delivery (webhooks/): the URLs every event is POSTed to, the file of the keys that
+    # sign them, the principal a URL's events are filtered by ("PRINCIPAL=URL"; else every event),
+    # the attempts an event gets and how long each may take.
+    webhook_urls: tuple[str, ...] = ()
+    webhook_secret_file: Path | None = None
+    webhook_principals: tuple[str, ...] = ()
+    webhook_max_attempts: int = 8
+    webhook_timeout: float = 10.0
     # The environment the CLI processes see, beyond what the service sets itself.
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -133,6 +141,7 @@ class Config:
             tls_client_ca=absolute(self.tls_client_ca),
             replica_ca=absolute(self.replica_ca),
             database_password_file=absolute(self.database_password_file),
+            webhook_secret_file=absolute(self.webhook_secret_file),
         )
 
     @property

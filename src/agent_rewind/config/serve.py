@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent_rewind.config.flag import Flag, count, lease, positive_int, seconds
+from agent_rewind.config.flag import Flag, count, lease, positive_int, positive_seconds, seconds
 from agent_rewind.config.record import Config
 
 # What the CLI accepts as credentials for a real model (API key, OAuth or gateway token, a cloud
@@ -297,6 +297,52 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "events a WatchRewindEvents stream may fall behind before it is ended (SUBSCRIBER_TOO_SLOW)",
         convert=positive_int,
         metavar="N",
+    ),
+    Flag(
+        "--webhook-url",
+        "webhook_urls",
+        "an http(s) URL every rewind event is POSTed to, as a signed CloudEvent (docs/events.md#webhooks); "
+        "repeatable",
+        metavar="URL",
+        repeatable=True,
+        separator=" ",
+        env="AGENT_REWIND_WEBHOOK_URLS",
+        default_help="none",
+    ),
+    Flag(
+        "--webhook-secret-file",
+        "webhook_secret_file",
+        "the Standard Webhooks keys that sign every delivery, one whsec_... key a line (all of them sign: "
+        "keys rotate), readable by no other user; needed by webhook URLs",
+        convert=Path,
+        metavar="FILE",
+        default_help="none",
+    ),
+    Flag(
+        "--webhook-principal",
+        "webhook_principals",
+        "PRINCIPAL=URL: that URL gets only the events of sessions PRINCIPAL may read (a URL named in none "
+        "gets every event); repeatable",
+        metavar="PRINCIPAL=URL",
+        repeatable=True,
+        separator=" ",
+        env="AGENT_REWIND_WEBHOOK_PRINCIPALS",
+        default_help="none: every URL gets every event",
+    ),
+    Flag(
+        "--webhook-max-attempts",
+        "webhook_max_attempts",
+        "POSTs of one event to one URL before it is recorded as failed and delivery goes on (retries "
+        "wait 0.5 s, 1 s, 2 s, ... up to 60 s, with jitter)",
+        convert=positive_int,
+        metavar="N",
+    ),
+    Flag(
+        "--webhook-timeout",
+        "webhook_timeout",
+        "seconds one webhook POST may take, connecting included, before it counts as failed",
+        convert=positive_seconds,
+        metavar="S",
     ),
     Flag(
         "--workspace-snapshots",

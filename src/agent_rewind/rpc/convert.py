@@ -292,6 +292,11 @@ def rewind_event(event: EventRecord) -> rewind_pb2.RewindEvent:
     )
 
 
+def rewind_event_json(event: EventRecord) -> dict[str, Any]:
+    """The event a watcher gets, in the protobuf JSON mapping: a webhook's CloudEvent `data`."""
+    return json_format.MessageToDict(rewind_event(event))
+
+
 def rewind_result(outcome: RewindOutcome) -> rewind_pb2.RewindResult:
     return rewind_pb2.RewindResult(
         rewind_id=outcome.rewind_id,

@@ -8,8 +8,8 @@ watchers follow.
 
 This module is the interface, in domain terms: `Ledger`, the union of one part per concern
 (`Sessions`, `Requests`, `Cuts`, `Rewinds`, `ReplicaDirectory`, `SnapshotOrder`, `EventLog`,
-`Erasure`), so a consumer may name only the part it uses. It has two implementations, both the
-SQL core of `store/sql.py` over a dialect: `store/sqlite.py`, the embedded one, and
+`Erasure`, `Egress`, `WebhookCursors`), so a consumer may name only the part it uses. It has two
+implementations, both the SQL core of `store/sql.py` over a dialect: `store/sqlite.py`, the embedded one, and
 `store/postgres.py`, the one a deployment of several replicas shares (`--database-url`). Every
 write is one transaction and durable when its call returns. Methods are coroutines so an
 implementation may talk to a database server without blocking the event loop.
@@ -18,6 +18,7 @@ implementation may talk to a database server without blocking the event loop.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -465,8 +466,106 @@ class Egress(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class WebhookLease:
+    """This replica's hold on delivering one URL's events: the cursor delivery resumes after,
+    and the lease's epoch, which every advance of the cursor names (a lapsed or taken-over
+    lease's advance changes nothing)."""
+
+    url: str
+    cursor: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class WebhookFailure:
+    """An event a URL was given up on after its last attempt."""
+
+    url: str
+    cursor: int
+    attempts: int
+    error: str
+    occur_time: datetime
+
+
+@dataclass(frozen=True)
+class WebhookMove:
+    """One URL's cursor moved forward (`advance_webhooks`): `delivered` events delivered up to
+    `cursor`, or `failure` recorded."""
+
+    lease: WebhookLease
+    cursor: int
+    delivered: int = 0
+    failure: WebhookFailure | None = None
+
+
+@dataclass(frozen=True)
+class WebhookRecord:
+    """A URL's delivery as the ledger has it: its cursor, who delivers it, what it did so far."""
+
+    url: str
+    cursor: int
+    holder: str
+    lease_expires: datetime
+    # Whether the lease had not expired when this was read (by the ledger's clock).
+    held: bool
+    delivered: int
+    failed: int
+    last_error: str
+    update_time: datetime
+
+
+class WebhookCursors(Protocol):
+    """Webhook delivery (webhooks/): a cursor per URL, and the lease that lets one replica at a
+    time deliver its events."""
+
+    async def claim_webhook(self, url: str, holder: str, lease_s: float) -> WebhookLease | None:
+        """Takes the lease on `url` for `holder` for `lease_s` seconds, when it is free (lapsed, or
+        never held) or `holder`'s already (a new epoch either way); None while another holds it.
+        A URL first seen starts at the newest cursor: it is sent the events from then on."""
+        ...
+
+    async def renew_webhook(self, lease: WebhookLease, holder: str, lease_s: float) -> bool:
+        """Extends a lease that has not lapsed; False when it has (or was taken): claim again."""
+        ...
+
+    async def advance_webhook(
+        self, lease: WebhookLease, cursor: int, *, delivered: int = 0, failure: WebhookFailure | None = None
+    ) -> bool:
+        """Moves the URL's cursor forward to `cursor` (counting `delivered` events delivered, and
+        recording `failure`), only while `lease` is current; False, changing nothing, otherwise."""
+        ...
+
+    async def advance_webhooks(self, moves: Sequence[WebhookMove]) -> list[bool]:
+        """`advance_webhook` of each move, in one transaction (one sync to disk for every URL's
+        move); whether each moved."""
+        ...
+
+    async def release_webhook(self, lease: WebhookLease) -> None:
+        """Ends the lease now (a clean stop): another replica may claim it at once."""
+        ...
+
+    async def webhooks(self) -> list[WebhookRecord]:
+        """Every URL ever delivered to, by URL."""
+        ...
+
+    async def webhook_failures(self, url: str, limit: int = 100) -> list[WebhookFailure]:
+        """The URL's newest failed events, newest first."""
+        ...
+
+
 class Ledger(
-    Sessions, Requests, Cuts, Rewinds, ReplicaDirectory, SnapshotOrder, EventLog, Erasure, Egress, Protocol
+    Sessions,
+    Requests,
+    Cuts,
+    Rewinds,
+    ReplicaDirectory,
+    SnapshotOrder,
+    EventLog,
+    Erasure,
+    Egress,
+    WebhookCursors,
+    Protocol,
 ):
     """Durable state shared by everything the service does: every part above, for whoever needs
     several. Implementations: SqliteLedger and PostgresLedger, both `store/sql.py`'s SqlLedger."""

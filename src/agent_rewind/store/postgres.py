@@ -197,6 +197,32 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
+    # 4: webhook delivery: each URL's cursor and lease (webhooks/), and the events it gave up on.
+    (
+        """
+        CREATE TABLE webhooks (
+            url text COLLATE "C" PRIMARY KEY,
+            cursor bigint NOT NULL,
+            holder text NOT NULL DEFAULT '',
+            lease_epoch bigint NOT NULL DEFAULT 0,
+            lease_expires timestamptz NOT NULL,
+            delivered bigint NOT NULL DEFAULT 0,
+            failed bigint NOT NULL DEFAULT 0,
+            last_error text NOT NULL DEFAULT '',
+            update_time timestamptz NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE webhook_failures (
+            url text COLLATE "C" NOT NULL,
+            cursor bigint NOT NULL,
+            attempts integer NOT NULL,
+            error text NOT NULL,
+            occur_time timestamptz NOT NULL,
+            PRIMARY KEY (url, cursor)
+        )
+        """,
+    ),
 )
 
 # What makes a call StorageUnavailable (retryable): the server lost, refused, shut down, out of

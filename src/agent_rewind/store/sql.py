@@ -8,6 +8,7 @@ two). What the two databases need done differently is the dialect's; everything 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +30,18 @@ from agent_rewind.store.ledger import (
     SessionRecord,
     SnapshotRecord,
     Tombstone,
+    WebhookFailure,
+    WebhookLease,
+    WebhookMove,
+    WebhookRecord,
     now,
 )
 
 if TYPE_CHECKING:
     from agent_rewind.store.ledger import Ledger
+
+# How many failed events the ledger keeps per webhook URL (the newest).
+WEBHOOK_FAILURES_KEPT = 1000
 
 # What DeleteSession deletes or rewrites rows of (what a dialect cleans after it commits).
 ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "events", "egress")
@@ -528,6 +536,135 @@ class SqlLedger(Dialect):
             session_id,
         )
         await self._erased(("sessions",), bool(changed))
+
+    # Webhook delivery (leases by the dialect's clock, like the replica directory's)
+
+    async def claim_webhook(self, url: str, holder: str, lease_s: float) -> WebhookLease | None:
+        (end, end_args), (clock, clock_args) = self._lease_end(lease_s), self._clock()
+        stamp = self._encode_time(now())
+
+        def claim() -> Work[WebhookLease | None]:
+            yield (
+                "INSERT INTO webhooks (url, cursor, lease_expires, update_time)"
+                f" SELECT ?, value, {clock}, ? FROM counters WHERE name = 'event_cursor'"
+                " ON CONFLICT (url) DO NOTHING",
+                (url, *clock_args, stamp),
+            )
+            row = (
+                yield (
+                    f"UPDATE webhooks SET holder = ?, lease_epoch = lease_epoch + 1, lease_expires = {end}"
+                    f" WHERE url = ? AND (holder = ? OR lease_expires <= {clock})"
+                    " RETURNING cursor, lease_epoch",
+                    (holder, *end_args, url, holder, *clock_args),
+                )
+            ).one()
+            return WebhookLease(url, int(row["cursor"]), int(row["lease_epoch"])) if row is not None else None
+
+        return await self._transaction(claim)
+
+    async def renew_webhook(self, lease: WebhookLease, holder: str, lease_s: float) -> bool:
+        (end, end_args), (clock, clock_args) = self._lease_end(lease_s), self._clock()
+        return bool(
+            await self._execute(
+                f"UPDATE webhooks SET lease_expires = {end} WHERE url = ? AND holder = ? AND lease_epoch = ?"
+                f" AND lease_expires > {clock}",
+                *end_args,
+                *(lease.url, holder, lease.epoch),
+                *clock_args,
+            )
+        )
+
+    async def advance_webhook(
+        self, lease: WebhookLease, cursor: int, *, delivered: int = 0, failure: WebhookFailure | None = None
+    ) -> bool:
+        [moved] = await self.advance_webhooks([WebhookMove(lease, cursor, delivered, failure)])
+        return moved
+
+    async def advance_webhooks(self, moves: Sequence[WebhookMove]) -> list[bool]:
+        clock, clock_args = self._clock()
+        stamp = self._encode_time(now())
+
+        def advance(move: WebhookMove) -> Work[bool]:
+            lease, failure = move.lease, move.failure
+            moved = yield (
+                "UPDATE webhooks SET cursor = ?, delivered = delivered + ?, failed = failed + ?,"
+                " last_error = CASE WHEN ? THEN ? ELSE last_error END, update_time = ?"
+                f" WHERE url = ? AND lease_epoch = ? AND lease_expires > {clock} AND cursor < ?",
+                (
+                    move.cursor,
+                    move.delivered,
+                    1 if failure is not None else 0,
+                    failure is not None,
+                    failure.error if failure is not None else "",
+                    stamp,
+                    lease.url,
+                    lease.epoch,
+                    *clock_args,
+                    move.cursor,
+                ),
+            )
+            if not moved.rowcount:
+                return False
+            if failure is not None:
+                yield (
+                    "INSERT INTO webhook_failures (url, cursor, attempts, error, occur_time)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (url, cursor) DO NOTHING",
+                    (lease.url, failure.cursor, failure.attempts, failure.error, stamp),
+                )
+                yield (
+                    "DELETE FROM webhook_failures WHERE url = ? AND cursor <= (SELECT cursor FROM"
+                    " webhook_failures WHERE url = ? ORDER BY cursor DESC LIMIT 1 OFFSET ?)",
+                    (lease.url, lease.url, WEBHOOK_FAILURES_KEPT),
+                )
+            return True
+
+        def advance_all() -> Work[list[bool]]:
+            # In URL order, so two replicas' batches lock the rows in one order.
+            done: dict[int, bool] = {}
+            for n, move in sorted(enumerate(moves), key=lambda m: (m[1].lease.url, m[1].cursor)):
+                done[n] = yield from advance(move)
+            return [done[n] for n in range(len(moves))]
+
+        return await self._transaction(advance_all)
+
+    async def release_webhook(self, lease: WebhookLease) -> None:
+        clock, args = self._clock()
+        await self._execute(
+            f"UPDATE webhooks SET lease_expires = {clock} WHERE url = ? AND lease_epoch = ?",
+            *args,
+            *(lease.url, lease.epoch),
+        )
+
+    async def webhooks(self) -> list[WebhookRecord]:
+        clock, args = self._clock()
+        rows = await self._rows(
+            f"SELECT *, lease_expires > {clock} AS held FROM webhooks ORDER BY url", *args
+        )
+        return [
+            WebhookRecord(
+                url=r["url"],
+                cursor=int(r["cursor"]),
+                holder=r["holder"],
+                lease_expires=self._decode_time(r["lease_expires"]),
+                held=bool(r["held"]),
+                delivered=int(r["delivered"]),
+                failed=int(r["failed"]),
+                last_error=r["last_error"],
+                update_time=self._decode_time(r["update_time"]),
+            )
+            for r in rows
+        ]
+
+    async def webhook_failures(self, url: str, limit: int = 100) -> list[WebhookFailure]:
+        rows = await self._rows(
+            "SELECT * FROM webhook_failures WHERE url = ? ORDER BY cursor DESC LIMIT ?", url, limit
+        )
+        return [
+            WebhookFailure(
+                r["url"], int(r["cursor"]), int(r["attempts"]), r["error"], self._decode_time(r["occur_time"])
+            )
+            for r in rows
+        ]
 
 
 def _appended(cursor: int, event: NewEvent, stamp: datetime) -> EventRecord:

@@ -164,6 +164,28 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (session_id, prompt_id, host, port)
     );
     """,
+    # 7: webhook delivery: each URL's cursor and lease (webhooks/), and the events it gave up on.
+    """
+    CREATE TABLE webhooks (
+        url TEXT PRIMARY KEY,
+        cursor INTEGER NOT NULL,
+        holder TEXT NOT NULL DEFAULT '',
+        lease_epoch INTEGER NOT NULL DEFAULT 0,
+        lease_expires TEXT NOT NULL,
+        delivered INTEGER NOT NULL DEFAULT 0,
+        failed INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT NOT NULL DEFAULT '',
+        update_time TEXT NOT NULL
+    );
+    CREATE TABLE webhook_failures (
+        url TEXT NOT NULL,
+        cursor INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        error TEXT NOT NULL,
+        occur_time TEXT NOT NULL,
+        PRIMARY KEY (url, cursor)
+    );
+    """,
 )
 
 

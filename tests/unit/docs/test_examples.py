@@ -20,5 +20,13 @@ def test_the_python_consumer_in_events_md_is_the_tested_example() -> None:
 
 
 def test_the_node_consumer_in_events_md_is_the_tested_example() -> None:
-    [quoted] = _blocks(ROOT / "docs" / "events.md", "javascript")
+    [quoted] = [b for b in _blocks(ROOT / "docs" / "events.md", "javascript") if "watchRewindEvents" in b]
     assert quoted == (ROOT / "clients" / "node" / "examples" / "watch-events.mjs").read_text()
+
+
+def test_the_webhook_receivers_in_events_md_are_the_tested_examples() -> None:
+    doc = ROOT / "docs" / "events.md"
+    [python] = [b for b in _blocks(doc, "python") if "class Receiver" in b]
+    assert python == (ROOT / "docs" / "examples" / "webhook_receiver.py").read_text()
+    [node] = [b for b in _blocks(doc, "javascript") if "standardwebhooks" in b]
+    assert node == (ROOT / "docs" / "examples" / "webhook-receiver" / "receiver.mjs").read_text()

@@ -34,6 +34,8 @@ TABLES = {
     "snapshots",
     "secrets",
     "egress",
+    "webhooks",
+    "webhook_failures",
 }
 
 
