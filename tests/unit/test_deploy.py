@@ -38,6 +38,7 @@ RENDERINGS = {
     "base": DEPLOY / "base",
     "replicas": DEPLOY / "overlays" / "replicas",
     "replicas-shared": DEPLOY / "overlays" / "replicas-shared",
+    "webhooks": DEPLOY / "overlays" / "webhooks",
 }
 # The renderings of several replicas on one database (the ones with the database's Secret).
 REPLICAS = {"replicas", "replicas-shared"}
@@ -55,6 +56,7 @@ SECRETS = {
     "agent-rewind-anthropic": {"api-key"},
 }
 OVERLAY_SECRETS = {name: {"agent-rewind-database": {"url", "password"}} for name in REPLICAS}
+OVERLAY_SECRETS["webhooks"] = {"agent-rewind-webhooks": {"keys"}}
 # Variables an overlay sets for a flag the contract specifies and the server does not read yet.
 PENDING_VARIABLES: dict[str, dict[str, str]] = {}
 # Never a literal value in a manifest.
@@ -501,7 +503,7 @@ def test_every_selector_selects_the_pods(rendering: Rendering) -> None:
 
 def test_the_workload_is_a_statefulset_with_the_state_dir_on_a_claim(rendering: Rendering) -> None:
     spec = rendering.workload["spec"]
-    assert spec["replicas"] == {"base": 1, "replicas": 3, "replicas-shared": 3}[rendering.name]
+    assert spec["replicas"] == {"base": 1, "replicas": 3, "replicas-shared": 3, "webhooks": 1}[rendering.name]
     # One pod at a time, each gone before its successor mounts its ReadWriteOnce volume.
     assert spec["updateStrategy"]["type"] == "RollingUpdate"
     assert "maxUnavailable" not in spec["updateStrategy"].get("rollingUpdate", {})
