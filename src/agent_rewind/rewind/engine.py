@@ -526,7 +526,9 @@ class RewindEngine:
         )
         after = await self._capture_after(worker, intent) if files.can_rewind else None
         result = Applied(final, files_after=after).to_json()
-        committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event)
+        # The points index as the cut leaves it, in the transaction that commits the cut.
+        async with worker.points.cutting(anchor.anchor_uuid if anchor else None) as points:
+            committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event, points)
         if self._publish is not None:
             self._publish(committed)
         faults.point("rewind.completed")

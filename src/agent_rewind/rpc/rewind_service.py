@@ -12,9 +12,9 @@ import grpc
 
 from agent_rewind import __version__
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, QuotaExceeded, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, QuotaExceeded, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
-from agent_rewind.replicas import Membership
+from agent_rewind.replicas import Elsewhere, Membership
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.rpc import convert, requests
@@ -22,10 +22,10 @@ from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
-from agent_rewind.rpc.pages import PointPages
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
-from agent_rewind.sessions import adapter
+from agent_rewind.sessions import adapter, points
 from agent_rewind.sessions.registry import SessionRegistry
+from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.store.ledger import EventRecord
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
@@ -124,7 +124,6 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self._engine = engine
         self._hub = hub
         self._max_live_sessions = max_live_sessions
-        self._pages = PointPages()
         self._events = _EventMessages()
         # A deleted session's events, as watchers got them, named its files: they go with it.
         hub.on_session_deleted.append(self._events.forget)
@@ -161,42 +160,54 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         )
 
     @unary
-    async def ListRewindPoints(  # type: ignore[override]  # noqa: N802 - bytes: see registration._encode
+    async def ListRewindPoints(  # noqa: N802
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
-    ) -> rewind_service_pb2.ListRewindPointsResponse | bytes:
-        worker = self._registry.get(requests.session_id(request.session_id), current())
+    ) -> rewind_service_pb2.ListRewindPointsResponse:
+        """Served from the session's points index in the ledger, by whichever replica the call
+        reaches: the owner brings the index up to date first (sessions/points.py), any other
+        replica reads it as the owner last wrote it, with no forwarded call."""
+        principal = current()
+        session_id = requests.session_id(request.session_id)
         size = requests.page_size(request.page_size, default=100)
-        scope = f"points:{worker.session_id}"
+        scope = f"points:{session_id}"
         position = self._tokens.position(request.page_token, scope)
         start = position.get("i") if position else 0
         if not isinstance(start, int) or start < 0:
             raise InvalidArgument("page_token", "is not a token this service issued for this list")
-        view = await worker.view()
-        snapshots = await worker.snapshot_availability()
-        # A page asked for again (a UI polling, many clients of one session) is the same bytes
-        # while nothing it shows has changed: the view (a new one after any change to the
-        # transcript or a cut), the flags, the snapshots' availability.
-        key = (start, size, worker.record.checkpointing, worker.holds_newest_checkpoint, id(snapshots))
-        cached = self._pages.get(worker, view, key)
-        if cached is not None:
-            return cached
-        points = view.points[start : start + size]
-        more = start + size < len(view.points)
-        response = rewind_service_pb2.ListRewindPointsResponse(
+        try:
+            worker: SessionWorker | None = self._registry.get(session_id, principal)
+        except SessionNotFound:
+            if self.forwarder is None:
+                raise
+            worker = None  # another replica's, or no one's
+        if worker is not None:
+            await worker.points.current()
+            record = worker.record
+            snapshots = await worker.snapshot_availability()
+        else:
+            record = await self._registry.stored(session_id, principal)
+            snapshots = await self._registry.stored_snapshot_availability(record)
+        found = await points.page(self._registry.ledger, session_id, start, size)
+        if found is None:
+            if worker is not None:
+                raise AssertionError("the owner's index exists once it is current")
+            # An index its owner has not written yet (a session from before the index): the
+            # owner makes it.
+            assert self.forwarder is not None
+            owner = await self.forwarder.owners.owner(session_id)
+            if owner is None:
+                raise SessionNotFound(session_id)
+            raise Elsewhere(owner)
+        head, page = found
+        more = start + size < head.count
+        return rewind_service_pb2.ListRewindPointsResponse(
             points=[
-                convert.rewind_point(
-                    p,
-                    worker.record.checkpointing,
-                    worker.holds_newest_checkpoint,
-                    snapshots.get(p.message_id),
-                )
-                for p in points
+                convert.rewind_point(p, record.checkpointing, head.holds_newest, snapshots.get(p.message_id))
+                for p in page
             ],
             next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
-            last_message_id=view.last_message_id,
-        ).SerializeToString()
-        self._pages.put(worker, view, key, response, snapshots)
-        return response
+            last_message_id=head.last_message_id,
+        )
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         return RewindRequest(
