@@ -101,45 +101,72 @@ def point_of(row: PointRow, head: PointsHead) -> RewindPoint:
     )
 
 
-def _seed(leaf: Entry | None, newest: str, newest_position: int | None) -> dict[str, Any]:
-    if leaf is None:
-        return {"newest": newest, "newest_position": newest_position}
+# How many of the leaf's nearest ancestors the head keeps, besides the leaf: the CLI writes
+# bookkeeping entries off the chain (the leaf may be one), and the next turn goes on from an
+# entry before it.
+SEED_ANCESTORS = 8
+
+
+def _seed(entries: list[tuple[Entry, str]], newest: str, newest_position: int | None) -> dict[str, Any]:
+    """What reading the transcript on from the head needs (transcript/tail.py): the leaf and its
+    nearest ancestors, each with the client id of its chain's newest message."""
     return {
-        "uuid": leaf.uuid,
-        "copy_of": leaf.copy_of,
-        "kind": leaf.kind.value,
-        "api": leaf.api_message_id,
-        "depth": leaf.depth,
-        "prompts": leaf.prompts,
-        "messages": leaf.messages,
-        "last_message": leaf.last_message,
-        "compactions": leaf.compactions,
-        "segment": leaf.segment,
+        "entries": [
+            {
+                "uuid": entry.uuid,
+                "parent": entry.parent_uuid,
+                "copy_of": entry.copy_of,
+                "kind": entry.kind.value,
+                "api": entry.api_message_id,
+                "depth": entry.depth,
+                "prompts": entry.prompts,
+                "messages": entry.messages,
+                "last_message": entry.last_message,
+                "last_message_id": last,
+                "compactions": entry.compactions,
+                "segment": entry.segment,
+            }
+            for entry, last in entries
+        ],
         "newest": newest,
         "newest_position": newest_position,
     }
 
 
-def _seed_entry(seed: dict[str, Any]) -> Entry | None:
-    if "uuid" not in seed:
-        return None
-    return Entry(
-        uuid=seed["uuid"],
-        parent_uuid="",
-        kind=EntryKind(seed["kind"]),
-        offset=-1,
-        timestamp="",
-        text="",
-        api_message_id=seed["api"],
-        is_message=False,
-        depth=seed["depth"],
-        prompts=seed["prompts"],
-        messages=seed["messages"],
-        last_message=seed["last_message"],
-        compactions=seed["compactions"],
-        segment=seed["segment"],
-        copy_of=seed["copy_of"],
-    )
+def _view_seeds(view: ConversationView) -> list[tuple[Entry, str]]:
+    seeds: list[tuple[Entry, str]] = []
+    entry = view.leaf_entry
+    while entry is not None and len(seeds) <= SEED_ANCESTORS:
+        last = view.entry(entry.last_message) if entry.last_message else None
+        seeds.append((entry, last.id if last is not None else ""))
+        entry = view.entry(entry.parent_uuid) if entry.depth else None
+    return seeds
+
+
+def _seed_entries(seed: dict[str, Any]) -> list[tuple[Entry, str]]:
+    return [
+        (
+            Entry(
+                uuid=e["uuid"],
+                parent_uuid=e["parent"],
+                kind=EntryKind(e["kind"]),
+                offset=-1,
+                timestamp="",
+                text="",
+                api_message_id=e["api"],
+                is_message=False,
+                depth=e["depth"],
+                prompts=e["prompts"],
+                messages=e["messages"],
+                last_message=e["last_message"],
+                compactions=e["compactions"],
+                segment=e["segment"],
+                copy_of=e["copy_of"],
+            ),
+            e["last_message_id"],
+        )
+        for e in seed.get("entries", ())
+    ]
 
 
 class SessionPoints:
@@ -215,7 +242,7 @@ class SessionPoints:
             covered=covered,
             digest=await asyncio.to_thread(digest, path, covered),
             leaf=leaf.uuid if leaf is not None else "",
-            seed=_seed(leaf, newest, ids.get(newest) if newest else None),
+            seed=_seed(_view_seeds(view), newest, ids.get(newest) if newest else None),
             count=n,
             last_message_id=view.last_message_id,
             snapshot_count=len(ids),
@@ -365,11 +392,11 @@ class SessionPoints:
             read_tail,
             path,
             head.covered,
-            _seed_entry(seed),
-            head.last_message_id,
+            _seed_entries(seed),
             head.snapshot_count,
             str(seed.get("newest") or ""),
             seed.get("newest_position"),
+            SEED_ANCESTORS + 1,
         )
         if tail is None:
             return False
@@ -393,7 +420,7 @@ class SessionPoints:
                 covered=tail.covered,
                 digest=await asyncio.to_thread(digest, path, tail.covered),
                 leaf=leaf.uuid if leaf is not None else "",
-                seed=_seed(leaf, newest, newest_position),
+                seed=_seed(tail.seeds, newest, newest_position),
                 count=tail.keep + len(added),
                 last_message_id=tail.last_message_id,
                 snapshot_count=tail.snapshot_count,

@@ -182,17 +182,19 @@ class TranscriptIndex:
 
     @classmethod
     def of_tail(
-        cls, path: Path, seed: Entry | None, snapshot_base: int, known_snapshots: dict[str, int]
+        cls, path: Path, seeds: list[Entry], snapshot_base: int, known_snapshots: dict[str, int]
     ) -> TranscriptIndex:
         """An index of a transcript's tail only (`add` its lines): its entries' chains go on from
-        `seed` (an entry read before, as the points index recorded it), and its snapshots are
-        numbered on from `snapshot_base` (`known_snapshots`: prompts already numbered). Its
-        views are not the transcript's: read its entries (transcript/tail.py)."""
+        `seeds` (entries read before, as the points index recorded them; the first is the leaf),
+        and its snapshots are numbered on from `snapshot_base` (`known_snapshots`: prompts
+        already numbered). Its views are not the transcript's: read its entries
+        (transcript/tail.py)."""
         index = cls(path)
         store = index._store
-        if seed is not None:
+        for seed in seeds:
             store.entries[seed.uuid] = seed
-            store.leaf = seed.uuid
+        if seeds:
+            store.leaf = seeds[0].uuid
         store.snapshots.update(known_snapshots)
         store.snapshot_base = snapshot_base - len(known_snapshots)
         return index

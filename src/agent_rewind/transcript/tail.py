@@ -15,6 +15,7 @@ no complete JSON entry is simply not an entry, as in a full read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,30 +28,35 @@ from agent_rewind.transcript.records import Entry
 @dataclass(frozen=True)
 class Tail:
     covered: int  # bytes of complete lines, from the file's start, now read
-    keep: int  # points before the tail's that stay (the seed's, or none for a new root)
+    keep: int  # points before the tail's that stay (up to the seed it goes on from; none for a new root)
     # The tail's new points in order: each prompt entry with its parent (None for a root).
     prompts: list[tuple[Entry, Entry | None]]
     leaf: Entry | None  # the newest non-subagent entry: the seed when the tail added none
     last_message_id: str
     snapshot_count: int
     positions: dict[str, int] = field(default_factory=dict)  # new snapshots: prompt uuid -> order
+    # The new leaf and its nearest ancestors, each with its chain's newest message's client id
+    # (what the next tail goes on from).
+    seeds: list[tuple[Entry, str]] = field(default_factory=list)
     stats: IndexStats = field(default_factory=IndexStats)
 
 
 def read_tail(
     path: Path,
     offset: int,
-    seed: Entry | None,
-    seed_last_message_id: str,
+    seeds: list[tuple[Entry, str]],
     snapshot_count: int,
     newest: str,
     newest_position: int | None,
+    max_seeds: int,
 ) -> Tail | None:
-    """The tail of `path` from `offset` on, over `seed` (the leaf the index ended at).
+    """The tail of `path` from `offset` on, over `seeds`: the leaf the index ended at, then its
+    nearest ancestors, each with the client id of its chain's newest message.
 
     `newest`, `newest_position`: the newest kept point and the order of its snapshot (None: not
     written yet, which the CLI does lazily: its snapshot may be in the tail). None when the tail
-    cannot be read on its own (see the module's docstring)."""
+    cannot be read on its own (see the module's docstring). `max_seeds`: how many entries the
+    returned `seeds` hold at most."""
     try:
         with path.open("rb") as f:
             f.seek(offset)
@@ -59,7 +65,9 @@ def read_tail(
         return None
     end = data.rfind(b"\n") + 1
     known = {newest: newest_position} if newest and newest_position is not None else {}
-    index = TranscriptIndex.of_tail(path, seed, snapshot_count, known)
+    index = TranscriptIndex.of_tail(path, [e for e, _ in seeds], snapshot_count, known)
+    seeded = {e.uuid: (e, last) for e, last in seeds}
+    leaf_seed = seeds[0][0] if seeds else None
     stats = index.stats
     pos = 0
     while pos < end:
@@ -83,7 +91,7 @@ def read_tail(
 
     leaf_uuid = index.leaf
     leaf = index.get(leaf_uuid) if leaf_uuid else None
-    keep = seed.prompts if seed is not None else 0
+    keep = leaf_seed.prompts if leaf_seed is not None else 0
     segment: list[Entry] = []
     if in_tail(leaf):
         cur = leaf
@@ -92,35 +100,38 @@ def read_tail(
             segment.append(cur)
             if cur.depth == 0:
                 if cur.parent_uuid:
-                    return None  # its parent is older than the tail and not the seed
+                    return None  # its parent is older than the tail and not a seed
                 cur = None
-                keep = 0
                 break
             cur = index.get(cur.parent_uuid)
-        if cur is not None and (seed is None or cur.uuid != seed.uuid):
+        if cur is not None and cur.uuid not in seeded:
             return None
+        keep = cur.prompts if cur is not None else 0
     prompts = [
         (e, index.get(e.parent_uuid) if e.depth else None)
         for e in reversed(segment)
         if e.kind is EntryKind.PROMPT
     ]
+    last: str | None
     if leaf is None:
         last = ""
     elif not in_tail(leaf):
-        last = seed_last_message_id
-    elif not leaf.last_message:
-        last = ""
-    elif (
-        seed is not None
-        and leaf.last_message in (seed.last_message, seed.uuid)
-        and not in_tail(index.get(leaf.last_message))
-    ):
-        last = seed_last_message_id
+        last = seeded[leaf.uuid][1]
     else:
-        message = index.get(leaf.last_message)
-        if message is None:
+        last = _last_message_id(leaf.last_message, index, seeded, in_tail)
+        if last is None:
             return None
-        last = message.id
+    new_seeds: list[tuple[Entry, str]] = []
+    cur = leaf
+    while cur is not None and len(new_seeds) < max_seeds:
+        if not in_tail(cur) and cur.uuid in seeded:
+            known_last: str | None = seeded[cur.uuid][1]
+        else:
+            known_last = _last_message_id(cur.last_message, index, seeded, in_tail)
+        if known_last is None:
+            break
+        new_seeds.append((cur, known_last))
+        cur = index.get(cur.parent_uuid) if cur.depth else None
     return Tail(
         covered=offset + end,
         keep=keep,
@@ -130,4 +141,23 @@ def read_tail(
         snapshot_count=index.snapshot_count(),
         positions=positions,
         stats=stats,
+        seeds=new_seeds,
     )
+
+
+def _last_message_id(
+    uuid: str,
+    index: TranscriptIndex,
+    seeded: dict[str, tuple[Entry, str]],
+    in_tail: Callable[[Entry | None], bool],
+) -> str | None:
+    """The client id of the message `uuid` names (a chain's newest), from the tail or a seed."""
+    if not uuid:
+        return ""
+    entry = index.get(uuid)
+    if entry is not None and (in_tail(entry) or uuid in seeded):
+        return entry.id
+    for seed, last in seeded.values():
+        if seed.last_message == uuid:
+            return last
+    return None
