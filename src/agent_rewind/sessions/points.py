@@ -51,16 +51,20 @@ DIGEST_BYTES = 4096
 
 
 def digest(path: Path, covered: int) -> str:
-    """The sha256 of the transcript's bytes just before `covered` ("" when it has fewer)."""
+    """Which file the index was made from, and what it held just before `covered`: its inode
+    and the sha256 of those bytes ("" when it has fewer). The CLI only ever appends to a
+    transcript (and the sandbox keeps agents out of the state dir): a file replaced, shrunk or
+    rewritten where the index ended is read whole again."""
     start = max(0, covered - DIGEST_BYTES)
     try:
         with path.open("rb") as f:
+            inode = os.fstat(f.fileno()).st_ino
             data = os.pread(f.fileno(), covered - start, start)
     except FileNotFoundError:
-        data = b""
+        return ""
     if len(data) != covered - start:
         return ""
-    return hashlib.sha256(data).hexdigest()
+    return f"{inode}:{hashlib.sha256(data).hexdigest()}"
 
 
 def row_of(entry: Entry, parent: Entry | None, position: int | None) -> PointRow:
@@ -304,6 +308,13 @@ class SessionPoints:
             self._worker.update_time = stamp
         return stamp
 
+    async def current_head(self) -> PointsHead:
+        """`current`, then the head it left (the session's point count and newest message)."""
+        await self.current()
+        head = await self.head()
+        assert head is not None, "an index exists once it is current"
+        return head
+
     async def current_quietly(self) -> None:
         """`current`, for a caller whose own work is done whatever happens here: a failure is
         logged, and the next read writes the index instead."""
@@ -360,10 +371,11 @@ class SessionPoints:
             return
         update = await self._tail_update(head, path, size, holds)
         if update is False:
+            if head is None:  # a session's first read of the index (or one from before it)
+                await self._record(False)
+                return
             self.rebuilds += 1
-            self._log.info(
-                "points index rebuilt from the whole transcript", covered=head.covered if head else 0
-            )
+            self._log.info("points index rebuilt from the whole transcript", covered=head.covered)
             await self._record(False)
             return
         if update is not None:

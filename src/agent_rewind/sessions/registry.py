@@ -310,6 +310,8 @@ class SessionRegistry:
             if not worker.record.started and self._workers.get(worker.session_id) is worker:
                 await self.forget(worker.session_id)
             raise
+        # Its points index from the start (a fork's copied points too): any replica serves it.
+        await worker.points.current_quietly()
 
     async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         """ForkSession (sessions/forking.py): a new session whose conversation and files are the
