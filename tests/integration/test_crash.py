@@ -7,6 +7,7 @@ no answer retries with its request_id and learns the outcome.
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -290,17 +291,20 @@ def _transcript(server: ServerProcess, sid: str) -> Path:
     return files[0]
 
 
-@pytest.mark.parametrize("step", ["turn.result", "points.recording@3"])
+@pytest.mark.parametrize("step", ["turn.result", "points.recording"])
 async def test_a_turn_the_transcript_holds_but_the_index_missed_is_a_point_after_the_restart(
     server: ServerProcess, step: str
 ) -> None:
     """Killed between the CLI's write of the third turn and the ledger's: the restart reads the
     transcript's tail (not all of it) and shows the turn, never losing it."""
-    await server.start(fault=step)
+    await server.start()
     c = client_of(server)
     session = await c.create()
     sid = session.session_id
     ids = [prompt_id(await c.prompt(sid, p)) for p in (P0, P1)]
+    await server.stop()
+    await server.start(fault=step)  # the next write of the index is the third turn's
+    c = client_of(server)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.prompt(sid, P2)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -312,9 +316,19 @@ async def test_a_turn_the_transcript_holds_but_the_index_missed_is_a_point_after
     third = next(e["uuid"] for e in transcript_entries(server.state_dir, sid) if _prompt_of(e) == P2)
     assert [p.message_id for p in found.points] == [*ids, third]
     assert _rebuilds(server) == before, "read from the tail, not the whole transcript"
+    assert _indexed(server, sid) == [*ids, third], "the ledger's index holds it now"
     # And the owner's view, once it reads the whole transcript, agrees.
     assert await c.recall(sid) == [P0, P1, P2, "recall"]
     assert [p.message_id for p in (await c.points(sid)).points][:3] == [*ids, third]
+
+
+def _indexed(server: ServerProcess, sid: str) -> list[str]:
+    db = sqlite3.connect(server.state_dir / "ledger.sqlite3")
+    try:
+        rows = db.execute("SELECT message_id FROM points WHERE session_id = ? ORDER BY idx", (sid,))
+        return [r[0] for r in rows]
+    finally:
+        db.close()
 
 
 def _prompt_of(entry: dict[str, Any]) -> str:
