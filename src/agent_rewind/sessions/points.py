@@ -332,7 +332,8 @@ class SessionPoints:
             yield None
             return
         async with self._lock:
-            index = self._transcript.index()
+            # Read up to date (a recovery at start may not have read the transcript yet).
+            index = await self._transcript.catch_up()
             view, covered = index.view(leaf), index.size
             update = await self.update_for(
                 view, index.path, covered, leaf, self._worker.holds_newest_checkpoint
