@@ -1,7 +1,7 @@
 """The rewind integration tests of test_rewind.py again, on three replicas of one deployment
 (one PostgreSQL database, three servers on loopback): each test's sessions are created on
-replica-0, and every other call goes to replica-1, which owns none of them and forwards each.
-A restart within a test restarts the three on the same database and state dirs."""
+replica-0, and every other call goes to replica-1, which owns none of them and forwards each
+(but ListRewindPoints, which it answers from the ledger's points index). A restart within a test restarts the three on the same database and state dirs."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from agent_rewind import __version__
+from agent_rewind.access import Principal
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
 from agent_rewind.errors import InvalidArgument, QuotaExceeded, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
@@ -22,11 +23,12 @@ from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
+from agent_rewind.rpc.pages import PointPages
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter, points
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.worker import SessionWorker
-from agent_rewind.store.ledger import EventRecord
+from agent_rewind.store.ledger import EventRecord, SessionRecord
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 
@@ -127,6 +129,11 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self._events = _EventMessages()
         # A deleted session's events, as watchers got them, named its files: they go with it.
         hub.on_session_deleted.append(self._events.forget)
+        # Pages of points (the prompts' text): they go with a deleted session too.
+        self._pages = PointPages()
+        hub.on_session_deleted.append(self._pages.forget)
+        self._records: OrderedDict[str, SessionRecord] = OrderedDict()
+        hub.on_session_deleted.append(self._forget_record)
         self._streams = _Streams(max_watch_streams)
         self._tokens = tokens
         self.auth = auth
@@ -160,9 +167,9 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         )
 
     @unary
-    async def ListRewindPoints(  # noqa: N802
+    async def ListRewindPoints(  # type: ignore[override]  # noqa: N802 - bytes: see registration._encode
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
-    ) -> rewind_service_pb2.ListRewindPointsResponse:
+    ) -> rewind_service_pb2.ListRewindPointsResponse | bytes:
         """Served from the session's points index in the ledger, by whichever replica the call
         reaches: the owner brings the index up to date first (sessions/points.py), any other
         replica reads it as the owner last wrote it, with no forwarded call."""
@@ -180,34 +187,64 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             if self.forwarder is None:
                 raise
             worker = None  # another replica's, or no one's
+        ledger = self._registry.ledger
         if worker is not None:
-            await worker.points.current()
-            record = worker.record
+            head = await worker.points.current_head()
+            checkpointing = worker.record.checkpointing
             snapshots = await worker.snapshot_availability()
         else:
-            record = await self._registry.stored(session_id, principal)
+            record = await self._stored(session_id, principal)
+            found_head = await ledger.points_head(session_id)
+            if found_head is None:
+                # Deleted (its index went with it), or an index its owner has not written yet (a
+                # session from before the index): the owner answers, and writes it.
+                self._records.pop(session_id, None)
+                await self._registry.stored(session_id, principal)
+                assert self.forwarder is not None
+                owner = await self.forwarder.owners.owner(session_id)
+                if owner is None:
+                    raise SessionNotFound(session_id)
+                raise Elsewhere(owner)
+            head = found_head
+            checkpointing = record.checkpointing
             snapshots = await self._registry.stored_snapshot_availability(record)
-        found = await points.page(self._registry.ledger, session_id, start, size)
-        if found is None:
-            if worker is not None:
-                raise AssertionError("the owner's index exists once it is current")
-            # An index its owner has not written yet (a session from before the index): the
-            # owner makes it.
-            assert self.forwarder is not None
-            owner = await self.forwarder.owners.owner(session_id)
-            if owner is None:
+        page = self._pages.points(session_id, start, size, head)
+        if page is None:
+            found = await points.page(ledger, session_id, start, size)
+            if found is None:  # deleted meanwhile
                 raise SessionNotFound(session_id)
-            raise Elsewhere(owner)
-        head, page = found
-        more = start + size < head.count
-        return rewind_service_pb2.ListRewindPointsResponse(
-            points=[
-                convert.rewind_point(p, record.checkpointing, head.holds_newest, snapshots.get(p.message_id))
-                for p in page
-            ],
-            next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
-            last_message_id=head.last_message_id,
-        )
+            head, page = found
+            self._pages.put(session_id, start, size, head, page)
+        key = (checkpointing, head.holds_newest, tuple(snapshots.get(p.message_id) for p in page))
+        encoded = self._pages.encoded(session_id, start, size, key)
+        if encoded is None:
+            more = start + size < head.count
+            encoded = rewind_service_pb2.ListRewindPointsResponse(
+                points=[
+                    convert.rewind_point(p, checkpointing, head.holds_newest, snapshots.get(p.message_id))
+                    for p in page
+                ],
+                next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
+                last_message_id=head.last_message_id,
+            ).SerializeToString()
+            self._pages.keep_encoded(session_id, start, size, key, encoded)
+        return encoded
+
+    def _forget_record(self, session_id: str) -> None:
+        self._records.pop(session_id, None)
+
+    async def _stored(self, session_id: str, principal: Principal) -> SessionRecord:
+        """A session another replica owns, as the ledger recorded it at its creation (what a page
+        reads of it never changes), kept; SESSION_NOT_FOUND to a principal that may not see it."""
+        record = self._records.get(session_id)
+        if record is None:
+            record = await self._registry.stored(session_id, principal)
+            self._records[session_id] = record
+            while len(self._records) > 4096:
+                self._records.popitem(last=False)
+        if not principal.owns(record.principal):
+            raise SessionNotFound(session_id)
+        return record
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         return RewindRequest(

@@ -64,11 +64,16 @@ _POINT_COLUMNS = (
 def _text(value: str) -> str:
     """A string as the points index stores it: its JSON escape, which both databases take
     whatever it holds (PostgreSQL refuses NUL in text; a lone surrogate is no UTF-8). The same
-    string for an ordinary id; `_untext` gives the original back."""
+    string for printable ASCII without quotes or backslashes (an id); `_untext` gives the
+    original back."""
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return value
     return json.dumps(value)[1:-1]
 
 
 def _untext(value: str) -> str:
+    if "\\" not in value:  # nothing was escaped (an escape always holds a backslash)
+        return value
     decoded: str = json.loads(f'"{value}"')
     return decoded
 
