@@ -114,3 +114,19 @@ async def test_a_non_owner_answers_points_while_the_owner_is_down(
         with pytest.raises(grpc.aio.AioRpcError) as err:  # what needs the owner still does
             await other.rewind(sid, _points(before)[1], CONVERSATION)
         assert error_info(err.value).reason == "REPLICA_UNAVAILABLE"
+
+
+async def test_a_deleted_session_s_points_are_gone_from_every_replica(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """A non-owner that served (and kept) a page of a session answers SESSION_NOT_FOUND once
+    the owner deleted it: the index went with the erasure, and the kept page with it."""
+    url = postgres.url(postgres.create_database())
+    async with replicas(tmp_path, url, count=2) as (owner, other):
+        sid = (await owner.create()).session_id
+        await owner.prompt(sid, "write f.txt secret")
+        await _same_answers(owner, other, sid)
+        await owner.sessions.DeleteSession(session_service_pb2.DeleteSessionRequest(session_id=sid))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _pages(other, sid)
+        assert error_info(err.value).reason == "SESSION_NOT_FOUND"
