@@ -7,10 +7,12 @@ on are new. Every entry's chain facts are computed from its parent when it is re
 is read into an index seeded with that leaf alone (`TranscriptIndex.of_tail`): its prompts are the
 points that follow the kept ones. Time and memory grow with the tail, not with the session.
 
-Whatever the tail alone cannot settle is refused (None), and the caller rebuilds from the whole
-transcript: an entry whose parent is neither in the tail nor the seed (a resume at an older
-entry), a snapshot of a prompt the tail does not hold and the seed does not name, a line that is
-no complete JSON entry is simply not an entry, as in a full read.
+The seed is the leaf and its nearest ancestors: the CLI writes bookkeeping off the chain (the
+leaf may be one), and the next turn goes on from an entry just before it. Whatever the tail
+alone cannot settle is refused (None), and the caller reads the whole transcript: an entry whose
+parent is neither in the tail nor a seed (a resume at an older entry, a compaction summarizing up
+to one), or a file-history snapshot of a prompt the tail does not hold and the seed does not
+name. A partial last line waits for the next read, as in a whole read.
 """
 
 from __future__ import annotations
