@@ -8,7 +8,10 @@ every few operations, the service is checked against a model of what must be the
 - the rewind points are the model's visible prompts, in order (no turn lost, none resurrected);
 - the agent sees exactly those prompts (the scripted model's `recall`);
 - every file holds what the model says (a files rewind is all or nothing);
-- the ledger holds no half-finished rewind, an event for every applied one, and gap-free cursors.
+- the ledger holds no half-finished rewind, an event for every applied one, and gap-free cursors;
+- after every restart, the points the ledger's index serves (the first read, before anything
+  else reads the transcript) are those a whole read of the transcript makes (with the pending
+  cut the ledger holds), field by field.
 
 Usage: python scripts/soak.py [--ops 300] [--sessions 3] [--seed N] [--kill-rate 0.06]
 Exits 1 on the first invariant violation, printing the seed and the operations that led there.
@@ -34,8 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent_rewind.api.v1 import rewind_pb2, session_service_pb2  # noqa: E402
+from agent_rewind.rpc import convert  # noqa: E402
+from agent_rewind.sessions.view import cut_is_in_transcript  # noqa: E402
+from agent_rewind.store.ledger import Anchor  # noqa: E402
 from agent_rewind.testing import RECALL_PREFIX  # noqa: E402
 from agent_rewind.testing.server_process import ServerProcess  # noqa: E402
+from agent_rewind.transcript import TranscriptIndex  # noqa: E402
 from tests.integration.harness import Client, client_of  # noqa: E402
 
 FILES, CONVERSATION, BOTH = (
@@ -125,6 +132,7 @@ class Soak:
         self.kills = 0
         self.ops = 0
         self.checks = 0
+        self.index_checks = 0
 
     @property
     def c(self) -> Client:
@@ -138,6 +146,8 @@ class Soak:
 
     async def start(self, fault: str = "") -> None:
         await self.server.start(fault=fault, fault_scope="group" if fault else "")
+        for model in self.models:  # a restart: the index first, before any read of the transcript
+            await self.check_index(model)
 
     async def crash(self, why: str) -> None:
         self.server.kill(with_cli=True)
@@ -318,6 +328,42 @@ class Soak:
                 raise Violation(f"{self.name(model)}: the agent sees {seen}, the model {model.points}")
             model.prompt(_prompt_id(events), "recall", {})
 
+    async def check_index(self, model: Model) -> None:
+        """The points the ledger's index serves are those a whole read of the transcript makes."""
+        self.index_checks += 1
+        served = await _all_points(self.c, model.session_id)
+        files = list((self.server.state_dir / "claude" / "projects").glob(f"*/{model.session_id}.jsonl"))
+        index = TranscriptIndex(files[0]) if files else None
+        rebuilt: list[rewind_pb2.RewindPoint] = []
+        if index is not None:
+            index.refresh()
+            anchor = self._anchor(model.session_id)
+            cut = anchor is not None and not cut_is_in_transcript(index, anchor)
+            view = index.view(anchor.anchor_uuid if cut and anchor is not None else None)
+            rebuilt = [convert.rewind_point(p, True) for p in view.points]
+        for point, other in zip(served, rebuilt, strict=False):
+            if point.snapshot_available:  # then the snapshots decide, not the transcript
+                for each in (point, other):
+                    each.ClearField("files_rewindable")
+                    each.ClearField("snapshot_available")
+        if [p.SerializeToString() for p in served] != [p.SerializeToString() for p in rebuilt]:
+            raise Violation(
+                f"{self.name(model)}: the index serves {[(p.message_id, p.text) for p in served]}, "
+                f"the transcript has {[(p.message_id, p.text) for p in rebuilt]}"
+            )
+
+    def _anchor(self, session_id: str) -> Anchor | None:
+        db = sqlite3.connect(self.server.state_dir / "ledger.sqlite3")
+        try:
+            row = db.execute(
+                "SELECT anchor_uuid, target_message_id, transcript_size, drops_turn, rewind_id FROM anchors"
+                " WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+        finally:
+            db.close()
+        return Anchor(session_id, row[0], row[1], row[2], row[3], row[4]) if row else None
+
     def check_ledger(self) -> None:
         db = sqlite3.connect(self.server.state_dir / "ledger.sqlite3")
         try:
@@ -403,6 +449,7 @@ async def main(argv: list[str] | None = None) -> int:
         await soak.server.close()
     print(
         f"soak: {soak.ops} operations, {soak.kills} server SIGKILLs, {soak.checks} session checks, "
+        f"{soak.index_checks} index-versus-transcript checks after restarts, "
         f"{0 if code == 0 else 1} invariant violations, seed {seed}, {time.monotonic() - started:.0f} s"
     )
     if not args.keep and code == 0:

@@ -35,6 +35,8 @@ STEPS: dict[str, str] = {
     "turn.prompt_recorded": "the CLI wrote the prompt to the transcript and echoed it",
     "turn.result": "the CLI answered the turn's result; the service has not recorded the turn",
     "turn.recorded": "the turn is recorded; its stream has not ended",
+    # The points index (sessions/points.py), whenever it is written from the transcript.
+    "points.recording": "the transcript was read for the points index; the ledger does not hold it yet",
 }
 
 _ENV = "AGENT_REWIND_FAULT"

@@ -7,6 +7,7 @@ no answer retries with its request_id and learns the outcome.
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,16 @@ import pytest
 
 from agent_rewind import faults
 from agent_rewind.testing.server_process import ServerProcess
-from tests.integration.harness import BOTH, CONVERSATION, FILES, Client, client_of, prompt_id, read
+from tests.integration.harness import (
+    BOTH,
+    CONVERSATION,
+    FILES,
+    Client,
+    client_of,
+    prompt_id,
+    read,
+    transcript_entries,
+)
 
 P0 = "write a.txt v0\nsay made a"
 P1 = "edit a.txt v0 => v1\nwrite b.txt bee"
@@ -264,3 +274,109 @@ async def test_a_killed_server_starts_again_at_once_on_its_state(server: ServerP
     server.kill()
     await server.start()
     assert (await client_of(server).get(sid)).session_id == sid
+
+
+# The points index (sessions/points.py): written in the ledger after the CLI wrote the turn.
+
+_REBUILT = "points index rebuilt from the whole transcript"
+
+
+def _rebuilds(server: ServerProcess) -> int:
+    return sum(1 for line in server.log_lines() if line.get("event") == _REBUILT)
+
+
+def _transcript(server: ServerProcess, sid: str) -> Path:
+    files = list((server.state_dir / "claude" / "projects").glob(f"*/{sid}.jsonl"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+@pytest.mark.parametrize("step", ["turn.result", "points.recording"])
+async def test_a_turn_the_transcript_holds_but_the_index_missed_is_a_point_after_the_restart(
+    server: ServerProcess, step: str
+) -> None:
+    """Killed between the CLI's write of the third turn and the ledger's: the restart reads the
+    transcript's tail (not all of it) and shows the turn, never losing it."""
+    await server.start()
+    c = client_of(server)
+    session = await c.create()
+    sid = session.session_id
+    ids = [prompt_id(await c.prompt(sid, p)) for p in (P0, P1)]
+    await server.stop()
+    await server.start(fault=step)  # the next write of the index is the third turn's
+    c = client_of(server)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.prompt(sid, P2)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert await server.wait() == -9
+    before = _rebuilds(server)
+    await server.start()
+    c = client_of(server)
+    found = await c.points(sid)
+    third = next(e["uuid"] for e in transcript_entries(server.state_dir, sid) if _prompt_of(e) == P2)
+    assert [p.message_id for p in found.points] == [*ids, third]
+    assert _rebuilds(server) == before, "read from the tail, not the whole transcript"
+    assert _indexed(server, sid) == [*ids, third], "the ledger's index holds it now"
+    # And the owner's view, once it reads the whole transcript, agrees.
+    assert await c.recall(sid) == [P0, P1, P2, "recall"]
+    assert [p.message_id for p in (await c.points(sid)).points][:3] == [*ids, third]
+
+
+def _indexed(server: ServerProcess, sid: str) -> list[str]:
+    db = sqlite3.connect(server.state_dir / "ledger.sqlite3")
+    try:
+        rows = db.execute("SELECT message_id FROM points WHERE session_id = ? ORDER BY idx", (sid,))
+        return [r[0] for r in rows]
+    finally:
+        db.close()
+
+
+def _prompt_of(entry: dict[str, Any]) -> str:
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) and entry.get("type") == "user" else ""
+
+
+async def test_a_transcript_cut_short_under_the_index_never_shows_a_point_it_lost(
+    server: ServerProcess,
+) -> None:
+    """The transcript lost its last turn while the server was down (a restore from backup, a
+    disk that lied): the index covers bytes the file no longer has, so it is rebuilt from the
+    file, and the lost turn is no point (the index never shows what the transcript does not)."""
+    await server.start()
+    c = client_of(server)
+    session = await c.create()
+    sid = session.session_id
+    ids = [prompt_id(await c.prompt(sid, P0))]
+    path = _transcript(server, sid)
+    size = path.stat().st_size
+    await c.prompt(sid, P1)
+    assert len((await c.points(sid)).points) == 2
+    await server.stop()
+    with path.open("r+b") as f:
+        f.truncate(size)
+    await server.start()
+    assert [p.message_id for p in (await client_of(server).points(sid)).points] == ids
+
+
+async def test_a_transcript_replaced_under_the_index_is_read_whole(server: ServerProcess) -> None:
+    """Another file of the same length in its place (other content): the index is not trusted."""
+    await server.start()
+    c = client_of(server)
+    session = await c.create()
+    sid = session.session_id
+    ids = [prompt_id(await c.prompt(sid, p)) for p in (P0, P1)]
+    await server.stop()
+    path = _transcript(server, sid)
+    data = path.read_bytes()
+    second = data.index(ids[1].encode())
+    forged = data.replace(data[second : second + 36], str(uuid.uuid4()).encode())
+    assert len(forged) == len(data)
+    replacement = path.with_suffix(".new")
+    replacement.write_bytes(forged)
+    replacement.replace(path)
+    before = _rebuilds(server)
+    await server.start()
+    found = await client_of(server).points(sid)
+    assert ids[1] not in [p.message_id for p in found.points]
+    assert _rebuilds(server) == before + 1

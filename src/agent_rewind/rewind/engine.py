@@ -537,11 +537,15 @@ class RewindEngine:
             principal=record.principal,
             data=event_data(intent.target, record.mode, final, owner=worker.record.principal),
         )
-        # The cut and the event, committed together with the rewind marked applied.
+        # The cut and the event, committed together with the rewind marked applied, and the points
+        # index as the cut leaves it, in the same transaction.
         with tracing.span("rewind.completion", rewind_id=record.rewind_id, cut=anchor is not None):
             after = await self._capture_after(worker, intent) if files.can_rewind else None
             result = Applied(final, files_after=after).to_json()
-            committed = await self._ledger.complete_rewind(record.rewind_id, result, anchor, event)
+            async with worker.points.cutting(anchor.anchor_uuid if anchor else None) as points:
+                committed = await self._ledger.complete_rewind(
+                    record.rewind_id, result, anchor, event, points
+                )
             if self._publish is not None:
                 self._publish(committed)
         faults.point("rewind.completed")

@@ -285,9 +285,11 @@ class Undo:
             principal=record.principal,
             data=event_data(record.message_id, record.mode, outcome, owner=worker.record.principal),
         )
-        committed: EventRecord = await self._ledger.complete_rewind(
-            record.rewind_id, outcome.to_json(), anchor, event
-        )
+        # The points index as the restored conversation has it, in the same transaction.
+        async with worker.points.cutting(anchor.anchor_uuid if anchor else None) as points:
+            committed: EventRecord = await self._ledger.complete_rewind(
+                record.rewind_id, outcome.to_json(), anchor, event, points
+            )
         if self._publish is not None:
             self._publish(committed)
         faults.point("undo.completed")

@@ -21,7 +21,6 @@ from agent_rewind.sessions.events import (
 from agent_rewind.sessions.worker import SessionWorker, State
 from agent_rewind.store.ledger import EventRecord
 from agent_rewind.transcript.entries import PREVIEW_CHARS, RewindPoint
-from agent_rewind.transcript.index import ConversationView
 
 _STATES = {
     State.IDLE: session_pb2.SESSION_STATE_IDLE,
@@ -77,14 +76,14 @@ def shown_options(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "mcp_servers": masked}
 
 
-def session(worker: SessionWorker, view: ConversationView) -> session_pb2.Session:
+def session(worker: SessionWorker, last_message_id: str, turn_count: int) -> session_pb2.Session:
     record = worker.record
     return session_pb2.Session(
         session_id=worker.session_id,
         cwd=record.cwd,
         state=_STATES[worker.state],
-        last_message_id=view.last_message_id,
-        turn_count=len(view.points),
+        last_message_id=last_message_id,
+        turn_count=turn_count,
         file_checkpointing=record.checkpointing,
         create_time=timestamp(record.create_time),
         update_time=timestamp(max(worker.update_time, record.update_time)),

@@ -85,7 +85,9 @@ class Servicer(Protocol):
 
 # RPCs about one session (its `session_id`): answered by the replica that owns it. The others
 # are answered where they arrive: CreateSession (placed by --placement), ListSessions (each
-# replica asked for its own), GetCapabilities, WatchRewindEvents (every replica reads the log).
+# replica asked for its own), GetCapabilities, WatchRewindEvents (every replica reads the log),
+# ListRewindPoints (every replica reads the session's points index in the ledger; a session
+# without one yet is forwarded by the servicer, raising Elsewhere).
 ROUTED = frozenset(
     {
         "GetSession",
@@ -94,7 +96,6 @@ ROUTED = frozenset(
         "CloseSession",
         "ForkSession",
         "DeleteSession",
-        "ListRewindPoints",
         "DryRun",
         "Rewind",
         "UndoRewind",

@@ -11,10 +11,11 @@ from typing import Any
 import grpc
 
 from agent_rewind import __version__
+from agent_rewind.access import Principal
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, QuotaExceeded, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, QuotaExceeded, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
-from agent_rewind.replicas import Membership
+from agent_rewind.replicas import Elsewhere, Membership
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.rpc import convert, requests
@@ -24,9 +25,10 @@ from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.pages import PointPages
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
-from agent_rewind.sessions import adapter
+from agent_rewind.sessions import adapter, points
 from agent_rewind.sessions.registry import SessionRegistry
-from agent_rewind.store.ledger import EventRecord
+from agent_rewind.sessions.worker import SessionWorker
+from agent_rewind.store.ledger import EventRecord, SessionRecord
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
 
@@ -124,10 +126,14 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self._engine = engine
         self._hub = hub
         self._max_live_sessions = max_live_sessions
-        self._pages = PointPages()
         self._events = _EventMessages()
         # A deleted session's events, as watchers got them, named its files: they go with it.
         hub.on_session_deleted.append(self._events.forget)
+        # Pages of points (the prompts' text): they go with a deleted session too.
+        self._pages = PointPages()
+        hub.on_session_deleted.append(self._pages.forget)
+        self._records: OrderedDict[str, SessionRecord] = OrderedDict()
+        hub.on_session_deleted.append(self._forget_record)
         self._streams = _Streams(max_watch_streams)
         self._tokens = tokens
         self.auth = auth
@@ -164,39 +170,81 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
     async def ListRewindPoints(  # type: ignore[override]  # noqa: N802 - bytes: see registration._encode
         self, request: rewind_service_pb2.ListRewindPointsRequest, context: grpc.aio.ServicerContext
     ) -> rewind_service_pb2.ListRewindPointsResponse | bytes:
-        worker = self._registry.get(requests.session_id(request.session_id), current())
+        """Served from the session's points index in the ledger, by whichever replica the call
+        reaches: the owner brings the index up to date first (sessions/points.py), any other
+        replica reads it as the owner last wrote it, with no forwarded call."""
+        principal = current()
+        session_id = requests.session_id(request.session_id)
         size = requests.page_size(request.page_size, default=100)
-        scope = f"points:{worker.session_id}"
+        scope = f"points:{session_id}"
         position = self._tokens.position(request.page_token, scope)
         start = position.get("i") if position else 0
         if not isinstance(start, int) or start < 0:
             raise InvalidArgument("page_token", "is not a token this service issued for this list")
-        view = await worker.view()
-        snapshots = await worker.snapshot_availability()
-        # A page asked for again (a UI polling, many clients of one session) is the same bytes
-        # while nothing it shows has changed: the view (a new one after any change to the
-        # transcript or a cut), the flags, the snapshots' availability.
-        key = (start, size, worker.record.checkpointing, worker.holds_newest_checkpoint, id(snapshots))
-        cached = self._pages.get(worker, view, key)
-        if cached is not None:
-            return cached
-        points = view.points[start : start + size]
-        more = start + size < len(view.points)
-        response = rewind_service_pb2.ListRewindPointsResponse(
-            points=[
-                convert.rewind_point(
-                    p,
-                    worker.record.checkpointing,
-                    worker.holds_newest_checkpoint,
-                    snapshots.get(p.message_id),
-                )
-                for p in points
-            ],
-            next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
-            last_message_id=view.last_message_id,
-        ).SerializeToString()
-        self._pages.put(worker, view, key, response, snapshots)
-        return response
+        try:
+            worker: SessionWorker | None = self._registry.get(session_id, principal)
+        except SessionNotFound:
+            if self.forwarder is None:
+                raise
+            worker = None  # another replica's, or no one's
+        ledger = self._registry.ledger
+        if worker is not None:
+            head = await worker.points.current_head()
+            checkpointing = worker.record.checkpointing
+            snapshots = await worker.snapshot_availability()
+        else:
+            record = await self._stored(session_id, principal)
+            found_head = await ledger.points_head(session_id)
+            if found_head is None:
+                # Deleted (its index went with it), or an index its owner has not written yet (a
+                # session from before the index): the owner answers, and writes it.
+                self._records.pop(session_id, None)
+                await self._registry.stored(session_id, principal)
+                assert self.forwarder is not None
+                owner = await self.forwarder.owners.owner(session_id)
+                if owner is None:
+                    raise SessionNotFound(session_id)
+                raise Elsewhere(owner)
+            head = found_head
+            checkpointing = record.checkpointing
+            snapshots = await self._registry.stored_snapshot_availability(record)
+        page = self._pages.points(session_id, start, size, head)
+        if page is None:
+            found = await points.page(ledger, session_id, start, size)
+            if found is None:  # deleted meanwhile
+                raise SessionNotFound(session_id)
+            head, page = found
+            self._pages.put(session_id, start, size, head, page)
+        key = (checkpointing, head.holds_newest, tuple(snapshots.get(p.message_id) for p in page))
+        encoded = self._pages.encoded(session_id, start, size, key)
+        if encoded is None:
+            more = start + size < head.count
+            encoded = rewind_service_pb2.ListRewindPointsResponse(
+                points=[
+                    convert.rewind_point(p, checkpointing, head.holds_newest, snapshots.get(p.message_id))
+                    for p in page
+                ],
+                next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",
+                last_message_id=head.last_message_id,
+            ).SerializeToString()
+            self._pages.keep_encoded(session_id, start, size, key, encoded)
+        return encoded
+
+    def _forget_record(self, session_id: str) -> None:
+        self._records.pop(session_id, None)
+
+    async def _stored(self, session_id: str, principal: Principal) -> SessionRecord:
+        """A session another replica owns, as the ledger recorded it at its creation (what a page
+        reads of it never changes), kept; SESSION_NOT_FOUND to a principal that may not see it."""
+        record = self._records.get(session_id)
+        if record is None:
+            record = await self._registry.stored(session_id, principal)
+            self._records[session_id] = record
+            while len(self._records) > 4096:
+                self._records.popitem(last=False)
+        if not principal.owns(record.principal):
+            raise SessionNotFound(session_id)
+        return record
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         return RewindRequest(

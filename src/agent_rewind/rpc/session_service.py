@@ -222,7 +222,10 @@ def _page_key(session: session_pb2.Session) -> tuple[str, str]:
 
 async def _session(worker: SessionWorker) -> session_pb2.Session:
     """The session as every RPC answers it, with what its snapshots hold on disk."""
-    session = convert.session(worker, await worker.view())
+    # The visible conversation's size and newest message from the points index: no whole read
+    # of the transcript after a start.
+    head = await worker.points.current_head()
+    session = convert.session(worker, head.last_message_id, head.count)
     session.snapshot_bytes = await worker.snapshot_bytes()
     return session
 

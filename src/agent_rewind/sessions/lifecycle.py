@@ -178,6 +178,7 @@ class Lifecycle:
             await w.process.settle()
             w.update_time = await self._ctx.ledger.touch_session(w.session_id, closed=True)
             w.record = replace(w.record, closed=True)
+            await w.points.current_quietly()
 
     @contextlib.asynccontextmanager
     async def retiring(self) -> AsyncIterator[None]:
@@ -225,6 +226,7 @@ class Lifecycle:
         w = self._worker
         w.process.let_go()
         await w.process.settle()
+        await w.points.current_quietly()  # what the process wrote at exit; it holds nothing now
         w.forget()
         if self._ctx.snapshots is not None:
             self._ctx.snapshots.forget(w.session_id)

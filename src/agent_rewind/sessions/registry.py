@@ -157,6 +157,26 @@ class SessionRegistry:
             raise SessionNotFound(session_id)
         return session_id
 
+    async def stored(self, session_id: str, principal: Principal) -> SessionRecord:
+        """The ledger's record of a session this replica does not hold (another replica owns
+        it), if `principal` may see it; SESSION_NOT_FOUND otherwise."""
+        record = await self._ledger.session(session_id)
+        if record is None or not principal.owns(record.principal):
+            raise SessionNotFound(session_id)
+        return record
+
+    async def stored_snapshot_availability(self, record: SessionRecord) -> Mapping[str, bool]:
+        """What `SessionWorker.snapshot_availability` answers on the session's owner, from the
+        ledger (the snapshots' order and completeness are all it reads)."""
+        snaps = self._ctx.snapshots
+        if snaps is None or not record.workspace_snapshots:
+            return {}
+        return snaps.available(await self._ledger.snapshots(record.session_id))
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledger
+
     def get(self, session_id: str, principal: Principal | None = None) -> SessionWorker:
         """The session; to a principal that may not see it (not its owner, not admin) it does not
         exist: the same SESSION_NOT_FOUND, no hint."""
@@ -290,6 +310,8 @@ class SessionRegistry:
             if not worker.record.started and self._workers.get(worker.session_id) is worker:
                 await self.forget(worker.session_id)
             raise
+        # Its points index from the start (a fork's copied points too): any replica serves it.
+        await worker.points.current_quietly()
 
     async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         """ForkSession (sessions/forking.py): a new session whose conversation and files are the

@@ -238,8 +238,8 @@ class TurnRunner:
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
         if turn.sent:
             steps.append(("snapshot", lambda: self._snapshot(TURN_END, turn.prompt_id)))
-            steps.append(("touch", self._touch))
-            steps.append(("view", w.view))
+            # The session's update_time and its points index, in one transaction.
+            steps.append(("points", lambda: w.points.record(touch=True)))
         if turn.request_id and not turn.sent:
             # It never reached the CLI: nothing ran, so a retry with its request id runs it.
             self._by_request.pop(turn.request_id, None)
@@ -271,9 +271,6 @@ class TurnRunner:
                 await snaps.retain(w.session_id, w.record.cwd, self._ctx.snapshot_retention)
             except Exception as err:  # collected next time
                 self._log.error("could not collect old workspace snapshots", error=str(err))
-
-    async def _touch(self) -> None:
-        self._worker.update_time = await self._ctx.ledger.touch_session(self._worker.session_id)
 
     async def _announce(self, turn: Turn, within: float | None = None) -> None:
         """Publishes the prompt as soon as the CLI wrote it to the transcript: the rewind point

@@ -34,6 +34,13 @@ class TranscriptView:
         self._log = log
         self._index: TranscriptIndex | None = None
         self._read_lock = asyncio.Lock()
+        # The pending cut's anchor the last `view()` was cut at ("" none).
+        self.cut = ""
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the transcript was read into memory since the start (or since `forget`)."""
+        return self._index is not None and self._index.size > 0
 
     def index(self) -> TranscriptIndex:
         """The transcript as last read."""
@@ -92,13 +99,17 @@ class TranscriptView:
         index = await self.catch_up()
         anchor = await self._ledger.anchor(self._session_id)
         if anchor is None:
+            self.cut = ""
             return index.view()
         if cut_is_in_transcript(index, anchor):
             await asyncio.to_thread(_fsync, index.path)
             await self._ledger.clear_anchor(self._session_id, anchor.anchor_uuid)
             self._log.info("rewind cut now in transcript", anchor=anchor.anchor_uuid)
+            self.cut = ""
             return index.view()
-        return index.view(anchor.anchor_uuid)
+        view = index.view(anchor.anchor_uuid)
+        self.cut = anchor.anchor_uuid
+        return view
 
 
 def cut_is_in_transcript(index: TranscriptIndex, anchor: Anchor) -> bool:

@@ -39,6 +39,7 @@ from agent_rewind.sessions.adapter import AgentClient
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.lifecycle import Lifecycle
 from agent_rewind.sessions.live import LiveSlots
+from agent_rewind.sessions.points import SessionPoints
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
 from agent_rewind.sessions.running import TurnRunner
 from agent_rewind.sessions.snapshotting import Snapshots
@@ -112,6 +113,7 @@ class SessionWorker:
             ledger=ctx.ledger,
             log=self._log,
         )
+        self.points = SessionPoints(self, self._view, ctx.ledger, self._log)  # the points index
         # Run once, the next time the session frees what a hibernated session need not hold.
         self._on_forget: list[Callable[[], None]] = []
         self._reached: set[tuple[str, str, int]] = set()  # (prompt, host, port) kept as egress
@@ -255,6 +257,7 @@ class SessionWorker:
         """Frees what a hibernated session need not hold: its transcript index and remembered
         turns come back from the disk and the ledger when next needed."""
         self._view.forget()
+        self.points.forget()
         self.turns.forget()
         callbacks, self._on_forget = self._on_forget, []
         for callback in callbacks:
@@ -313,6 +316,7 @@ class SessionWorker:
                 yield
             finally:
                 self.after_exclusive_use()
+                self.points.soon()  # what a rewind or an undo changed, and a process let go
 
     def after_exclusive_use(self) -> None:
         """Called when a rewind or other exclusive work ends: closed sessions give their process back."""

@@ -7,9 +7,9 @@ before anything is applied), the request ids that make calls idempotent, and the
 watchers follow.
 
 This module is the interface, in domain terms: `Ledger`, the union of one part per concern
-(`Sessions`, `Requests`, `Cuts`, `Rewinds`, `ReplicaDirectory`, `SnapshotOrder`, `EventLog`,
-`Erasure`, `Egress`, `WebhookCursors`), so a consumer may name only the part it uses. It has two
-implementations, both the SQL core of `store/sql.py` over a dialect: `store/sqlite.py`, the embedded one, and
+(`Sessions`, `Requests`, `Cuts`, `PointIndex`, `Rewinds`, `ReplicaDirectory`, `SnapshotOrder`,
+`EventLog`, `Erasure`, `Egress`, `WebhookCursors`), so a consumer may name only the part it uses. It
+has two implementations, both the SQL core of `store/sql.py` over a dialect: `store/sqlite.py`, the embedded one, and
 `store/postgres.py`, the one a deployment of several replicas shares (`--database-url`). Every
 write is one transaction and durable when its call returns. Methods are coroutines so an
 implementation may talk to a database server without blocking the event loop.
@@ -105,6 +105,57 @@ class Anchor:
     transcript_size: int
     drops_turn: str | None
     rewind_id: str
+
+
+@dataclass(frozen=True)
+class PointRow:
+    """One visible rewind point as the points index keeps it (`PointIndex`): what a `RewindPoint`
+    is made of, minus what is computed at read from the session's head (the checkpoint window,
+    whether it lies before the newest compaction)."""
+
+    idx: int  # 0-based turn number on the visible chain
+    uuid: str  # the prompt entry's transcript uuid (a copy's own, not its original's)
+    message_id: str  # the id clients see (a copy's original)
+    resume_at_message_id: str
+    anchor: str  # the uuid of the entry the CLI resumes at for a rewind to it; "" for the first
+    text: str  # the prompt's first PREVIEW_CHARS + 1 characters (enough to know it was cut)
+    create_time: datetime | None
+    # The order of the prompt's first file-history snapshot in the transcript; None: not written.
+    snapshot_pos: int | None
+    compactions: int  # compact boundaries on its chain up to it
+    copy: bool  # a service's copy of a compacted conversation's prompt
+
+
+@dataclass(frozen=True)
+class PointsHead:
+    """A session's points index as a whole: what it covers of the transcript, and the facts of
+    the visible conversation that every point's rendering needs."""
+
+    session_id: str
+    covered: int  # transcript bytes (complete lines) the index was made from
+    digest: str  # sha256 of the (up to 4 KiB of) transcript bytes just before `covered`
+    leaf: str  # the visible view's leaf uuid ("" none)
+    # What reading the transcript on from `covered` needs of the leaf entry (transcript/tail.py).
+    seed: dict[str, Any]
+    count: int  # visible points
+    last_message_id: str
+    snapshot_count: int  # file-history snapshots in the transcript (every branch's)
+    leaf_compactions: int
+    # The owner's live process ran the newest prompt (it holds that prompt's checkpoint before
+    # the CLI writes it down), as the owner last recorded it.
+    holds_newest: bool
+    cut: str  # the pending cut's anchor the view is cut at ("" none)
+
+
+@dataclass(frozen=True)
+class PointsUpdate:
+    """A change of a session's points index: the rows from `keep` on are replaced by `added`,
+    and the kept rows in `positions` (uuid, snapshot order) learn their snapshot's order."""
+
+    head: PointsHead
+    keep: int
+    added: tuple[PointRow, ...] = ()
+    positions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -316,6 +367,31 @@ class Cuts(Protocol):
         ...
 
 
+class PointIndex(Protocol):
+    """Each session's visible rewind points, kept as the conversation changes (written in the
+    transactions that record a turn and a rewind), so any replica serves them without reading
+    the transcript."""
+
+    async def points_head(self, session_id: str) -> PointsHead | None:
+        """The session's index head; None when it has none (yet)."""
+        ...
+
+    async def points_page(
+        self, session_id: str, start: int, size: int
+    ) -> tuple[PointsHead, list[PointRow]] | None:
+        """The head and the rows `start` to `start + size`, read together (one snapshot)."""
+        ...
+
+    async def point_uuid(self, session_id: str, idx: int) -> str | None:
+        """The uuid of the point at `idx`, if the index has one there."""
+        ...
+
+    async def record_points(self, update: PointsUpdate, *, touch: bool = False) -> datetime | None:
+        """Applies `update` in one transaction (with `touch`, also sets the session's update_time,
+        which it returns)."""
+        ...
+
+
 class Rewinds(Protocol):
     """Rewinds and their intents, recorded before anything is applied."""
 
@@ -326,10 +402,16 @@ class Rewinds(Protocol):
     async def mark_files_applied(self, rewind_id: str) -> None: ...
 
     async def complete_rewind(
-        self, rewind_id: str, result: dict[str, Any], anchor: Anchor | None, event: NewEvent
+        self,
+        rewind_id: str,
+        result: dict[str, Any],
+        anchor: Anchor | None,
+        event: NewEvent,
+        points: PointsUpdate | None = None,
     ) -> EventRecord:
-        """Marks the rewind applied, stores its cut (a conversation half) and appends its event,
-        in one transaction; returns the event, with its cursor."""
+        """Marks the rewind applied, stores its cut (a conversation half), the points index as
+        the cut leaves it, and appends its event, in one transaction; returns the event, with its
+        cursor."""
         ...
 
     async def abandon_rewind(self, rewind_id: str) -> None:
@@ -431,8 +513,8 @@ class Erasure(Protocol):
     ) -> EventRecord:
         """DeleteSession's commit point, one transaction: the session becomes a tombstone (its id,
         owner and creation time; no workspace, no options) holding `erasure`, what remains to
-        erase on disk, until `finish_erasure`; its pending cuts, rewinds, snapshot records and
-        request ids (their fingerprints and results hold prompt and turn text) are deleted, the
+        erase on disk, until `finish_erasure`; its pending cuts, rewinds, snapshot records, points index
+        and request ids (their fingerprints and results hold prompt and turn text) are deleted, the
         file paths in its earlier events are blanked, `request` is recorded as done, and `event`
         (SESSION_DELETED) is appended; returns it, with its cursor. What was deleted does not
         survive in the store's files either. From then on `session` and `sessions` do not
@@ -558,6 +640,7 @@ class Ledger(
     Sessions,
     Requests,
     Cuts,
+    PointIndex,
     Rewinds,
     ReplicaDirectory,
     SnapshotOrder,

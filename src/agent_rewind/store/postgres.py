@@ -223,6 +223,41 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
+    # 5: the points index: each session's visible rewind points (store/sql.py, PointIndex).
+    (
+        """
+        CREATE TABLE point_heads (
+            session_id text COLLATE "C" PRIMARY KEY,
+            covered bigint NOT NULL,
+            digest text NOT NULL,
+            leaf text NOT NULL,
+            seed text NOT NULL,
+            points_count integer NOT NULL,
+            last_message_id text NOT NULL,
+            snapshot_count integer NOT NULL,
+            leaf_compactions integer NOT NULL,
+            holds_newest boolean NOT NULL,
+            cut text NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE points (
+            session_id text COLLATE "C" NOT NULL,
+            idx integer NOT NULL,
+            uuid text NOT NULL,
+            message_id text NOT NULL,
+            resume_at_message_id text NOT NULL,
+            anchor text NOT NULL,
+            preview text NOT NULL,
+            create_time timestamptz,
+            snapshot_pos integer,
+            compactions integer NOT NULL,
+            is_copy boolean NOT NULL,
+            PRIMARY KEY (session_id, idx)
+        )
+        """,
+        "CREATE INDEX points_uuid ON points (session_id, uuid)",
+    ),
 )
 
 # What makes a call StorageUnavailable (retryable): the server lost, refused, shut down, out of

@@ -7,6 +7,7 @@ two). What the two databases need done differently is the dialect's; everything 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from datetime import datetime
@@ -23,6 +24,9 @@ from agent_rewind.store.ledger import (
     NewRewind,
     NewSession,
     NewSnapshot,
+    PointRow,
+    PointsHead,
+    PointsUpdate,
     ReplicaRecord,
     RequestIdTaken,
     RequestRecord,
@@ -44,7 +48,42 @@ if TYPE_CHECKING:
 WEBHOOK_FAILURES_KEPT = 1000
 
 # What DeleteSession deletes or rewrites rows of (what a dialect cleans after it commits).
-ERASED_TABLES = ("sessions", "anchors", "rewinds", "snapshots", "requests", "events", "egress")
+ERASED_TABLES = (
+    "sessions",
+    "anchors",
+    "rewinds",
+    "snapshots",
+    "requests",
+    "events",
+    "egress",
+    "point_heads",
+    "points",
+)
+_HEAD_COLUMNS = (
+    "covered, digest, leaf, seed, points_count, last_message_id, snapshot_count, leaf_compactions,"
+    " holds_newest, cut"
+)
+_POINT_COLUMNS = (
+    "idx, uuid, message_id, resume_at_message_id, anchor, preview, create_time, snapshot_pos,"
+    " compactions, is_copy"
+)
+
+
+def _text(value: str) -> str:
+    """A string as the points index stores it: its JSON escape, which both databases take
+    whatever it holds (PostgreSQL refuses NUL in text; a lone surrogate is no UTF-8). The same
+    string for printable ASCII without quotes or backslashes (an id); `_untext` gives the
+    original back."""
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return value
+    return json.dumps(value)[1:-1]
+
+
+def _untext(value: str) -> str:
+    if "\\" not in value:  # nothing was escaped (an escape always holds a backslash)
+        return value
+    decoded: str = json.loads(f'"{value}"')
+    return decoded
 
 
 class SqlLedger(Dialect):
@@ -282,6 +321,128 @@ class SqlLedger(Dialect):
             "DELETE FROM anchors WHERE session_id = ? AND anchor_uuid = ?", session_id, anchor_uuid
         )
 
+    # The points index
+
+    def _write_points(self, update: PointsUpdate) -> Work[None]:
+        head = update.head
+        sid = head.session_id
+        values = (
+            head.covered,
+            head.digest,
+            _text(head.leaf),
+            json.dumps(head.seed),
+            head.count,
+            _text(head.last_message_id),
+            head.snapshot_count,
+            head.leaf_compactions,
+            head.holds_newest,
+            _text(head.cut),
+        )
+        marks = ", ".join("?" * len(values))
+        updates = ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in _HEAD_COLUMNS.split(","))
+        yield (
+            f"INSERT INTO point_heads (session_id, {_HEAD_COLUMNS}) VALUES (?, {marks})"
+            f" ON CONFLICT (session_id) DO UPDATE SET {updates}",
+            (sid, *values),
+        )
+        yield "DELETE FROM points WHERE session_id = ? AND idx >= ?", (sid, update.keep)
+        for uuid, position in update.positions:
+            yield (
+                "UPDATE points SET snapshot_pos = ? WHERE session_id = ? AND uuid = ? AND idx < ?",
+                (position, sid, _text(uuid), update.keep),
+            )
+        for row in update.added:
+            yield (
+                f"INSERT INTO points (session_id, {_POINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    sid,
+                    row.idx,
+                    _text(row.uuid),
+                    _text(row.message_id),
+                    _text(row.resume_at_message_id),
+                    _text(row.anchor),
+                    _text(row.text),
+                    self._encode_time(row.create_time) if row.create_time is not None else None,
+                    row.snapshot_pos,
+                    row.compactions,
+                    row.copy,
+                ),
+            )
+
+    async def record_points(self, update: PointsUpdate, *, touch: bool = False) -> datetime | None:
+        stamp = now() if touch else None
+
+        def write() -> Work[datetime | None]:
+            if stamp is not None:
+                yield (
+                    "UPDATE sessions SET update_time = ? WHERE session_id = ?",
+                    (self._encode_time(stamp), update.head.session_id),
+                )
+            # Only a session that is not deleted has an index: an erasure that won the race
+            # leaves nothing behind for this write to bring back.
+            live = "SELECT 1 FROM sessions WHERE session_id = ? AND deleted_time IS NULL"
+            if (yield f"{live}{self.LOCK}", (update.head.session_id,)).one() is None:
+                return stamp
+            yield from self._write_points(update)
+            return stamp
+
+        return await self._transaction(write)
+
+    def _points_head(self, row: Any) -> PointsHead:
+        return PointsHead(
+            session_id=row["session_id"],
+            covered=int(row["covered"]),
+            digest=row["digest"],
+            leaf=_untext(row["leaf"]),
+            seed=json.loads(row["seed"]),
+            count=int(row["points_count"]),
+            last_message_id=_untext(row["last_message_id"]),
+            snapshot_count=int(row["snapshot_count"]),
+            leaf_compactions=int(row["leaf_compactions"]),
+            holds_newest=bool(row["holds_newest"]),
+            cut=_untext(row["cut"]),
+        )
+
+    def _point_row(self, row: Any) -> PointRow:
+        return PointRow(
+            idx=int(row["idx"]),
+            uuid=_untext(row["uuid"]),
+            message_id=_untext(row["message_id"]),
+            resume_at_message_id=_untext(row["resume_at_message_id"]),
+            anchor=_untext(row["anchor"]),
+            text=_untext(row["preview"]),
+            create_time=self._decode_time(row["create_time"]) if row["create_time"] is not None else None,
+            snapshot_pos=int(row["snapshot_pos"]) if row["snapshot_pos"] is not None else None,
+            compactions=int(row["compactions"]),
+            copy=bool(row["is_copy"]),
+        )
+
+    async def points_head(self, session_id: str) -> PointsHead | None:
+        row = await self._row(
+            f"SELECT session_id, {_HEAD_COLUMNS} FROM point_heads WHERE session_id = ?", session_id
+        )
+        return self._points_head(row) if row is not None else None
+
+    async def points_page(
+        self, session_id: str, start: int, size: int
+    ) -> tuple[PointsHead, list[PointRow]] | None:
+        # One statement: the head and its rows from one snapshot of the database.
+        point_columns = ", ".join(f"p.{c.strip()}" for c in _POINT_COLUMNS.split(","))
+        head_columns = ", ".join(f"h.{c.strip()}" for c in _HEAD_COLUMNS.split(","))
+        rows = await self._rows(
+            f"SELECT h.session_id, {head_columns}, {point_columns} FROM point_heads h"
+            " LEFT JOIN points p ON p.session_id = h.session_id AND p.idx >= ? AND p.idx < ?"
+            " WHERE h.session_id = ? ORDER BY p.idx",
+            *(start, start + size, session_id),
+        )
+        if not rows:
+            return None
+        return self._points_head(rows[0]), [self._point_row(r) for r in rows if r["idx"] is not None]
+
+    async def point_uuid(self, session_id: str, idx: int) -> str | None:
+        row = await self._row("SELECT uuid FROM points WHERE session_id = ? AND idx = ?", session_id, idx)
+        return _untext(row["uuid"]) if row is not None else None
+
     # Rewinds
 
     async def begin_rewind(self, new: NewRewind) -> None:
@@ -314,7 +475,12 @@ class SqlLedger(Dialect):
         await self._execute("UPDATE rewinds SET files_applied = true WHERE rewind_id = ?", rewind_id)
 
     async def complete_rewind(
-        self, rewind_id: str, result: dict[str, Any], anchor: Anchor | None, event: NewEvent
+        self,
+        rewind_id: str,
+        result: dict[str, Any],
+        anchor: Anchor | None,
+        event: NewEvent,
+        points: PointsUpdate | None = None,
     ) -> EventRecord:
         stamp = now()
 
@@ -352,6 +518,8 @@ class SqlLedger(Dialect):
                         anchor.rewind_id,
                     ),
                 )
+            if points is not None:
+                yield from self._write_points(points)
             cursor = yield from self._append_event(event, stamp, rewind_id)
             return _appended(cursor, event, stamp)
 
@@ -502,6 +670,9 @@ class SqlLedger(Dialect):
             yield "DELETE FROM rewinds WHERE session_id = ?", (session_id,)
             yield "DELETE FROM snapshots WHERE session_id = ?", (session_id,)
             yield "DELETE FROM egress WHERE session_id = ?", (session_id,)
+            # The points index holds the prompts' text.
+            yield "DELETE FROM points WHERE session_id = ?", (session_id,)
+            yield "DELETE FROM point_heads WHERE session_id = ?", (session_id,)
             # Every request id of the session but the delete's own, recorded above.
             yield (
                 "DELETE FROM requests WHERE session_id = ? AND request_id IS DISTINCT FROM ?",

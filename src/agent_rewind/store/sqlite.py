@@ -186,6 +186,37 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (url, cursor)
     );
     """,
+    # 8: the points index: each session's visible rewind points (store/sql.py, PointIndex).
+    """
+    CREATE TABLE point_heads (
+        session_id TEXT PRIMARY KEY,
+        covered INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        leaf TEXT NOT NULL,
+        seed TEXT NOT NULL,
+        points_count INTEGER NOT NULL,
+        last_message_id TEXT NOT NULL,
+        snapshot_count INTEGER NOT NULL,
+        leaf_compactions INTEGER NOT NULL,
+        holds_newest INTEGER NOT NULL,
+        cut TEXT NOT NULL
+    );
+    CREATE TABLE points (
+        session_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        uuid TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        resume_at_message_id TEXT NOT NULL,
+        anchor TEXT NOT NULL,
+        preview TEXT NOT NULL,
+        create_time TEXT,
+        snapshot_pos INTEGER,
+        compactions INTEGER NOT NULL,
+        is_copy INTEGER NOT NULL,
+        PRIMARY KEY (session_id, idx)
+    );
+    CREATE INDEX points_uuid ON points(session_id, uuid);
+    """,
 )
 
 

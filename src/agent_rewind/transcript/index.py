@@ -102,7 +102,7 @@ class TranscriptIndex:
             message_id = raw.get("messageId")
             if isinstance(message_id, str):
                 if message_id not in store.snapshots:
-                    store.snapshots[message_id] = len(store.snapshots)
+                    store.snapshots[message_id] = store.snapshot_base + len(store.snapshots)
                 snapshot = raw.get("snapshot")
                 files = snapshot.get("trackedFileBackups") if isinstance(snapshot, dict) else None
                 if isinstance(files, dict):
@@ -179,6 +179,38 @@ class TranscriptIndex:
                 store.api_ids.setdefault(original.api_message_id, []).append(uuid)
         if kind is not EntryKind.SUBAGENT:
             store.leaf = uuid
+
+    @classmethod
+    def of_tail(
+        cls, path: Path, seeds: list[Entry], snapshot_base: int, known_snapshots: dict[str, int]
+    ) -> TranscriptIndex:
+        """An index of a transcript's tail only (`add` its lines): its entries' chains go on from
+        `seeds` (entries read before, as the points index recorded them; the first is the leaf),
+        and its snapshots are numbered on from `snapshot_base` (`known_snapshots`: prompts
+        already numbered). Its views are not the transcript's: read its entries
+        (transcript/tail.py)."""
+        index = cls(path)
+        store = index._store
+        for seed in seeds:
+            store.entries[seed.uuid] = seed
+        if seeds:
+            store.leaf = seeds[0].uuid
+        store.snapshots.update(known_snapshots)
+        store.snapshot_base = snapshot_base - len(known_snapshots)
+        return index
+
+    def add(self, raw: dict[str, Any], offset: int) -> None:
+        """Reads one parsed line at `offset` in (what `refresh` does with each new line)."""
+        self._add(raw, offset)
+
+    @property
+    def snapshot_ids(self) -> dict[str, int]:
+        """Prompt uuid -> the order of its first file-history snapshot."""
+        return self._store.snapshots
+
+    def snapshot_count(self) -> int:
+        store = self._store
+        return store.snapshot_base + len(store.snapshots)
 
     def view(self, leaf: str | None = None) -> ConversationView:
         """The visible conversation ending at `leaf` (default: the transcript's own leaf).

@@ -78,6 +78,9 @@ class Records:
     copies: dict[str, list[str]] = field(default_factory=dict)  # an entry's id -> uuids of its copies
     last_boundary: int = -1  # offset of the newest compact boundary in the file: the CLI reads from there
     snapshots: dict[str, int] = field(default_factory=dict)  # prompt uuid -> order of its first snapshot
+    # Snapshots before the first one `snapshots` holds: an index of a transcript's tail only
+    # (`TranscriptIndex.of_tail`) numbers its snapshots on from those the points index counted.
+    snapshot_base: int = 0
     agent_calls: dict[str, str] = field(default_factory=dict)  # Agent tool_use id -> assistant uuid
     # The CLI's file history, every branch's, in the order written.
     backups: list[Backup] = field(default_factory=list)

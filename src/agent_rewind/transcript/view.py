@@ -138,6 +138,20 @@ class ConversationView:
     def leaf_entry(self) -> Entry | None:
         return self._leaf
 
+    def prompt_entry(self, index: int) -> Entry:
+        """The entry of the visible point at `index` (0-based)."""
+        return self._chain.prompts[index]
+
+    def entry(self, uuid: str) -> Entry | None:
+        """The transcript's entry of this uuid, on the chain or not."""
+        return self._store.entries.get(uuid)
+
+    @property
+    def snapshot_ids(self) -> dict[str, int]:
+        """Prompt uuid -> the order of its first file-history snapshot (every branch's), as read
+        when the view was made or since."""
+        return self._store.snapshots
+
     @property
     def transcript(self) -> Path:
         """The transcript file the view was read from."""

@@ -726,7 +726,7 @@ async def test_a_failing_ledger_write_at_the_end_of_a_turn_ends_the_stream_with_
     worker, factory = await make_worker()
     async with worker.exclusive():
         await worker.ensure_client()  # started (and recorded so) while the ledger works
-    ledger.fail |= {"touch_session", "finish_request"}
+    ledger.fail |= {"record_points", "finish_request"}
     ledger.calls.clear()
     request_id = str(uuid.uuid4())
     turn = await within(worker.start_turn("hi", request_id))
@@ -739,8 +739,8 @@ async def test_a_failing_ledger_write_at_the_end_of_a_turn_ends_the_stream_with_
     assert kinds(seen) == ["PromptEvent", "AssistantEvent", "ResultEvent"], "the turn itself ran"
     assert isinstance(caught.value, StorageUnavailable)
     assert caught.value.reason == "STORAGE_UNAVAILABLE"
-    assert "touch_session" in caught.value.message
-    assert {"touch_session", "finish_request"} <= set(ledger.calls), "every step was tried"
+    assert "record_points" in caught.value.message
+    assert {"record_points", "finish_request"} <= set(ledger.calls), "every step was tried"
     assert turn.done and not worker.lock.locked() and not worker.turn_running
     assert worker.state == State.IDLE
 

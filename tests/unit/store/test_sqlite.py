@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from agent_rewind.errors import StorageUnavailable
-from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession
+from agent_rewind.store.ledger import (
+    Anchor,
+    NewEvent,
+    NewRequest,
+    NewRewind,
+    NewSession,
+    PointRow,
+    PointsHead,
+    PointsUpdate,
+)
 from agent_rewind.store.sqlite import MIGRATIONS, SchemaTooNew, SqliteLedger
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
@@ -199,12 +208,20 @@ async def test_an_erased_session_s_text_is_in_none_of_the_database_files(tmp_pat
             Anchor(SID, "a-1", "m-1", 10, None, "r1"),
             NewEvent("REWOUND", SID, "r1", data={"files": {"files_changed": [f"/ws/{secret}/a.txt"]}}),
         )
-        assert _holding(tmp_path, secret)
+        # The points index holds the prompts' text (its own secret, so its erasure is seen).
+        prompt = uuid.uuid4().hex
+        rows = tuple(
+            PointRow(n, f"u{n}", f"u{n}", "", "", f"{prompt} {n}", None, None, 0, False) for n in range(40)
+        )
+        head = PointsHead(SID, 1, "", "u39", {}, 40, "u39", 0, 0, False, "")
+        await ledger.record_points(PointsUpdate(head, keep=0, added=rows))
+        assert _holding(tmp_path, secret) and _holding(tmp_path, prompt)
         assert await ledger.session(other) is not None  # the reader has read: it holds nothing up
         await ledger.erase_session(
             SID, NewEvent("SESSION_DELETED", SID, data={"owner": "alice"}), erasure={"cwd": "/ws/gone"}
         )
         assert _holding(tmp_path, secret) == [], "not in the .sqlite3, nor in the -wal, nor in the -shm"
+        assert _holding(tmp_path, prompt) == [], "nor the points index's copy of the prompts"
         assert (tmp_path / "ledger.sqlite3-wal").stat().st_size == 0, "the log was truncated"
         await ledger.finish_erasure(SID)
         assert _holding(tmp_path, "/ws/gone") == [], "the workspace path went with the erasure's end"

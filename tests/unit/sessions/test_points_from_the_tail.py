@@ -1,0 +1,120 @@
+"""The points index (sessions/points.py) against the transcripts the real CLI wrote
+(tests/unit/transcript/data/): made at any moment of a session, then brought up to date by a
+server that starts later (reading only the transcript's tail), it shows exactly the points a
+whole read of the transcript shows, whatever the tail holds (a turn cut mid-write, a compaction,
+a rewound branch, a lazily written checkpoint)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.sessions import points
+from agent_rewind.sessions.worker import SessionWorker, WorkerContext
+from agent_rewind.store.ledger import NewSession, SessionRecord
+from agent_rewind.store.sqlite import SqliteLedger
+from agent_rewind.testing.fake_agent import FakeFactory
+from agent_rewind.transcript import TranscriptIndex
+from agent_rewind.transcript.entries import RewindPoint
+from agent_rewind.transcript.paths import transcript_path
+
+DATA = Path(__file__).parents[1] / "transcript" / "data"
+FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "expected.json").exists())
+# Sessions whose every entry goes on from one of the few before it (no resume at an older
+# entry, no compaction summarizing up to one).
+LINEAR = {"plain", "synthetic", "tools"}
+SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
+
+
+def _transcript(name: str) -> bytes:
+    expected = json.loads((DATA / name / "expected.json").read_text())
+    return gzip.decompress((DATA / name / expected["transcript"]).read_bytes())
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[SqliteLedger]:
+    db = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
+    await db.add_session(NewSession(SID, str(tmp_path / "ws"), {}, checkpointing=True))
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+def _worker(tmp_path: Path, ledger: SqliteLedger) -> SessionWorker:
+    """A worker as a server start makes one: nothing of the transcript in memory."""
+    now = datetime.now(UTC)
+    record = SessionRecord(SID, str(tmp_path / "ws"), {}, True, now, now, False, True)
+    ctx = WorkerContext(
+        ledger=ledger,
+        client_factory=FakeFactory(config_dir=tmp_path),
+        cli_env={},
+        claude_config_dir=tmp_path / "claude",
+        idle_timeout=0,
+    )
+    return SessionWorker(record, ctx)
+
+
+def _path(tmp_path: Path) -> Path:
+    path = transcript_path(tmp_path / "claude", str(tmp_path / "ws"), SID)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _whole(path: Path) -> list[RewindPoint]:
+    index = TranscriptIndex(path)
+    index.refresh()
+    return list(index.view().points)
+
+
+async def _indexed(ledger: SqliteLedger) -> list[RewindPoint]:
+    found = await points.page(ledger, SID, 0, 100_000)
+    assert found is not None
+    head, page = found
+    assert head.count == len(page)
+    return page
+
+
+def _line_ends(data: bytes) -> list[int]:
+    return [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+async def test_an_index_made_at_any_line_and_read_on_from_its_tail_shows_what_the_whole_transcript_does(
+    name: str, tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    data = _transcript(name)
+    path = _path(tmp_path)
+    ends = _line_ends(data)
+    # Every line end of short transcripts; of long ones, every few (and mid-line cuts).
+    step = max(1, len(ends) // 30)
+    cuts = sorted({*ends[::step], ends[-1], *(e - 7 for e in ends[3 :: step * 3] if e > 7)})
+    tails = 0
+    for cut in cuts:
+        await _clear(ledger)
+        path.write_bytes(data[:cut])
+        # The index as a server that had read up to `cut` left it (a whole read).
+        first = _worker(tmp_path, ledger)
+        await first.points.current()
+        assert await _indexed(ledger) == _whole(path), f"made at {cut}"
+        # The CLI wrote the rest; a new server start reads on from the tail.
+        path.write_bytes(data)
+        second = _worker(tmp_path, ledger)
+        await second.points.current()
+        assert await _indexed(ledger) == _whole(path), f"{name}: made at {cut} of {len(data)}"
+        tails += second.points.rebuilds == 0
+    if name in LINEAR:
+        assert tails == len(cuts), f"every tail is read on its own ({tails} of {len(cuts)})"
+    else:  # a tail that goes on from an entry long before it (a resume there) is read whole
+        assert tails > 0
+
+
+async def _clear(ledger: SqliteLedger) -> None:
+    """No index, as before the session's first read (each cut starts from nothing)."""
+    await ledger._execute("DELETE FROM points WHERE session_id = ?", SID)
+    await ledger._execute("DELETE FROM point_heads WHERE session_id = ?", SID)
