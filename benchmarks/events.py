@@ -72,8 +72,17 @@ class _Watchers:
                 limit=64 * 1024 * 1024,
             )
             self.procs.append(proc)
+        try:
+            for proc in self.procs:
+                await self._expect(proc, "ready")
+        except BaseException:
+            self.kill()  # none left behind, whatever failed
+            raise
+
+    def kill(self) -> None:
         for proc in self.procs:
-            await self._expect(proc, "ready")
+            if proc.returncode is None:
+                proc.kill()
 
     @staticmethod
     async def _expect(proc: asyncio.subprocess.Process, line: str) -> None:
