@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agent_rewind.snapshots.errors import GitTimeout
-from agent_rewind.snapshots.files import _open_root
+from agent_rewind.snapshots.files import _open_root, read
 from agent_rewind.snapshots.gitindex import Stat
 from agent_rewind.snapshots.packs import BLOB, PackWriter, encode
 from agent_rewind.snapshots.seed import Known, git_mode
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Threads reading and compressing files (the system calls and zlib let each other run), and the
 # consecutive paths each is given at a time (one directory's descriptors serve a run).
 THREADS = 4
@@ -62,35 +60,6 @@ class _Directories:
         for _, fd in self._chain:
             os.close(fd)
         self._chain.clear()
-
-
-def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | None:
-    """The stat data and the bytes a snapshot records for `name` (a symlink's are its target);
-    None when it is not a file or symlink now. OSError(EFBIG) past `limit`. Only a regular
-    file is opened (opening a device or a FIFO can do something)."""
-    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    if stat.S_ISLNK(info.st_mode):
-        return info, os.readlink(os.fsencode(name), dir_fd=parent)
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    fd = os.open(name, _READ, dir_fd=parent)
-    try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):
-            return None
-        if opened.st_size > limit:
-            raise OSError(errno.EFBIG, f"over {limit} bytes", name)
-        data = os.read(fd, opened.st_size + 1)
-        if len(data) > opened.st_size:  # it grew since the fstat: read on to its end
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        if len(data) > limit:
-            raise OSError(errno.EFBIG, f"over {limit} bytes", name)
-        return opened, data
-    finally:
-        os.close(fd)
 
 
 def hash_files(

@@ -230,10 +230,13 @@ def _entry(parent: int, name: str) -> Entry | None:
         os.close(fd)
 
 
-def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
+def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | None:
+    """The stat data and the bytes a snapshot records for `name` (a symlink's are its target);
+    None when it is not a file or symlink now. OSError(EFBIG) past `limit`. Only a regular
+    file is opened (opening a device or a FIFO can do something)."""
     info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     if stat.S_ISLNK(info.st_mode):
-        return MODE_SYMLINK, os.readlink(os.fsencode(name), dir_fd=parent)
+        return info, os.readlink(os.fsencode(name), dir_fd=parent)
     if not stat.S_ISREG(info.st_mode):
         return None
     fd = os.open(name, _READ_FLAGS, dir_fd=parent)
@@ -243,10 +246,27 @@ def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
             return None
         if opened.st_size > limit:
             raise OSError(errno.EFBIG, f"over {limit} bytes", name)
-        executable = bool(opened.st_mode & stat.S_IXUSR)
-        return (MODE_EXECUTABLE if executable else MODE_FILE), b"".join(_read(fd))
+        data = os.read(fd, opened.st_size + 1)
+        if len(data) > opened.st_size:  # it grew since the fstat: read on to its end
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        if len(data) > limit:
+            raise OSError(errno.EFBIG, f"over {limit} bytes", name)
+        return opened, data
     finally:
         os.close(fd)
+
+
+def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
+    found = read(parent, name, limit)
+    if found is None:
+        return None
+    info, data = found
+    if stat.S_ISLNK(info.st_mode):
+        return MODE_SYMLINK, data
+    return (MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else MODE_FILE), data
 
 
 def _read(fd: int) -> Iterator[bytes]:
