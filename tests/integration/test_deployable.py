@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from agent_rewind import components, server, tracing
@@ -256,19 +257,27 @@ async def _nothing_left_open(
         "webhook_secret_file": keys,
         **overrides,
     }
-    async with serve(tmp_path / "warm", **settings):
-        pass  # grpc's and asyncio's own threads, made once per process
-    before, ports, tasks = _settled(), _listening_ports(), set(asyncio.all_tasks())
-    with monkeypatch.context() as patched:
-        START_STEPS[step](patched)
-        with pytest.raises(Refused):
-            await start(config_of(tmp_path / "state", **settings))
-    # A thread pool shut down without waiting has its workers end just after.
-    for _ in range(100):
-        if _settled() == before and not _stray_tasks(tasks):
-            break
-        await asyncio.sleep(0.05)
-    assert _open_things() == before, "no thread (the ledger's, the scripted model's) nor descriptor left"
+    # grpc's asyncio runtime (its poller thread and sockets) lives while any grpc.aio object
+    # does, and ends when the last is collected, whenever that is: one held here keeps it
+    # from coming or going between the two looks.
+    runtime = grpc.aio.insecure_channel("127.0.0.1:1")
+    try:
+        async with serve(tmp_path / "warm", **settings):
+            pass  # grpc's and asyncio's own threads, made once per process
+        before, ports, tasks = _settled(), _listening_ports(), set(asyncio.all_tasks())
+        with monkeypatch.context() as patched:
+            START_STEPS[step](patched)
+            with pytest.raises(Refused):
+                await start(config_of(tmp_path / "state", **settings))
+        # A thread pool shut down without waiting has its workers end just after.
+        for _ in range(100):
+            if _settled() == before and not _stray_tasks(tasks):
+                break
+            await asyncio.sleep(0.05)
+        after = _open_things()
+    finally:
+        await runtime.close()
+    assert after == before, "no thread (the ledger's, the scripted model's) nor descriptor left"
     assert not _stray_tasks(tasks)
     assert not any(t.name == "scripted-model" for t in threading.enumerate())
     assert not (tmp_path / "state" / "proxy.sock").exists(), "the egress proxy is closed"

@@ -47,16 +47,29 @@ async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> Asy
     code = grpc.StatusCode.OK
     reason: str | None = None
     started = time.perf_counter()
+    counted = False
+
+    def count() -> None:
+        # Before a status is sent, not after: a caller that has its answer finds the call counted.
+        nonlocal counted
+        if not counted:
+            counted = True
+            tracing.rpc_outcome(code.name, code.value[0], reason)
+            metrics.RPCS.labels(method, code.name).inc()
+            metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+
     try:
         yield
     except Relayed as relayed:  # the status of the replica the call was forwarded to
         code, reason = relayed.status.code, relayed.reason
+        count()
         await context.abort_with_status(relayed.status)
     except AgentRewindError as err:
         code, reason = STATUS_BY_REASON.get(err.reason, grpc.StatusCode.INTERNAL), err.reason
         # A stop ends every watch at once: one line for each would drown the log.
         level = logging.DEBUG if err.reason == "SHUTTING_DOWN" else logging.INFO
         log.log(level, "rpc refused", reason=err.reason, error=err.message)
+        count()
         await abort(context, err)
     except grpc.aio.AbortError:
         code = context.code() or grpc.StatusCode.UNKNOWN
@@ -67,11 +80,10 @@ async def _error_boundary(context: grpc.aio.ServicerContext, method: str) -> Asy
     except Exception:
         code, reason = grpc.StatusCode.INTERNAL, "INTERNAL"
         log.exception("rpc failed unexpectedly")
+        count()
         await abort_internal(context)
     finally:
-        tracing.rpc_outcome(code.name, code.value[0], reason)
-        metrics.RPCS.labels(method, code.name).inc()
-        metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+        count()
 
 
 class Servicer(Protocol):
