@@ -20,9 +20,8 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import aiohttp
 import structlog
 
 from agent_rewind import __version__, metrics
@@ -41,6 +40,11 @@ from agent_rewind.webhooks.envelope import Encode
 from agent_rewind.webhooks.recent import Recent
 from agent_rewind.webhooks.signing import Signer
 from agent_rewind.webhooks.subscriptions import Subscription, Visible
+
+if TYPE_CHECKING:
+    # Imported where a URL is served (`run`): a server with no webhook never loads aiohttp,
+    # about half a second of its start.
+    import aiohttp
 
 log = structlog.get_logger(__name__)
 
@@ -111,6 +115,8 @@ class Deliverer:
         """Delivers the URL's events (from `first`, a lease claimed already) until cancelled,
         claiming it whenever it is free; a lease lost or a ledger that fails is waited out and
         claimed again."""
+        import aiohttp
+
         settings = self._settings
         async with aiohttp.ClientSession(
             # The service's own requests: no proxy from its environment, no cookies kept.
@@ -269,6 +275,8 @@ class Deliverer:
     ) -> tuple[str, str]:
         """One POST: ("ok", "") for a 2xx, else its result label and what went wrong. A redirect
         is not followed (it is a failure: the URL is the operator's to correct)."""
+        import aiohttp
+
         started = time.monotonic()
         try:
             async with http.post(
@@ -285,6 +293,8 @@ class Deliverer:
 
 def _reason(err: aiohttp.ClientError, url: str) -> str:
     """What went wrong, without the URL (which may hold a token in its query)."""
+    import aiohttp
+
     if isinstance(err, aiohttp.ClientConnectorError):
         return str(err.os_error.strerror or err.os_error)
     text = str(err)

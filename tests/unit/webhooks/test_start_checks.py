@@ -3,6 +3,8 @@ error (exit 2) that says what is wrong, and never shows a key or a URL's query."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,12 @@ def test_a_principal_the_access_file_lacks_is_warned_of_at_start(tmp_path: Path)
         for owner in ("alice", "bob")
     ]
     assert [visible(e) for e in events] == [True, False]
+
+
+def test_a_server_without_webhooks_never_loads_the_http_client() -> None:
+    """aiohttp is about half a second of a start: it is imported only where a URL is served."""
+    code = "import sys, agent_rewind.server, agent_rewind.webhooks; print('aiohttp' in sys.modules)"
+    said = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert said.stdout.strip() == "False"
