@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.integration.harness import FILES, prompt_id, serve
 
 CLI = Path(sys.executable).parent / "agent-rewind"
-# Every wait is on a line or an exit, bounded by this; nothing sleeps a fixed time.
+# Every wait is on a line, an exit or the process's quiet, bounded by this; none sleeps a fixed time.
 WITHIN = 10.0
 
 
@@ -31,6 +31,28 @@ def _sigint_reaches_children() -> Iterator[None]:
     finally:
         if previous is signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _cpu_ticks(pid: int) -> tuple[str, int]:
+    """A process's state letter and the CPU time its threads used, in clock ticks (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+async def _waiting(pid: int) -> None:
+    """Until the process sleeps and spends no CPU for a while: it printed a line, took its cursor
+    and waits for the next response. (A Ctrl-C that lands between a line's write and the cursor
+    taken after it names the cursor before: on resume that event comes again, none is lost; the
+    test means the Ctrl-C of someone who read the line.)"""
+    deadline = asyncio.get_running_loop().time() + WITHIN
+    last = _cpu_ticks(pid)
+    while asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+        now = _cpu_ticks(pid)
+        if now == last and now[0] == "S":
+            return
+        last = now
+    raise AssertionError("the watch never sat waiting for the next event")
 
 
 async def _line(proc: asyncio.subprocess.Process) -> str:
@@ -78,6 +100,7 @@ async def test_watch_after_0_replays_catches_up_follows_live_and_exits_130_on_ct
             line = await _line(proc)
             assert line.startswith("cursor 3 · ") and f" · rewind {live.rewind_id} · " in line, line
 
+            await _waiting(proc.pid)
             proc.send_signal(signal.SIGINT)
             assert await asyncio.wait_for(proc.wait(), WITHIN) == 130
             assert proc.stdout is not None and proc.stderr is not None
