@@ -556,17 +556,21 @@ async def test_sessions_that_name_no_replica_are_claimed_once_and_counted_by_own
     assert await ledger.session_counts() == {"pod-1": 2}
 
 
+LEASE_S = 1.0
+
+
 async def test_a_replica_whose_lease_ran_out_is_taken_over_and_fenced_off_in_one_go(ledger: Ledger) -> None:
     third = "2d9f5e3a-7c0f-4f8a-9b32-4c5d6e7f8091"
     await ledger.register_replica("pod-1", "b:1", 60)
     ledger.fence("pod-1", 1)
-    old = await ledger.register_replica("pod-0", "a:1", 0.05)
     await ledger.add_session(_session(replica="pod-0"))
     await ledger.add_session(_session(third, replica="pod-0"))
     await ledger.erase_session(third, _deleted())
     await ledger.add_session(_session(OTHER, replica="pod-1"))
+    # Registered just before the look, with a lease no loaded machine outlasts in one call.
+    old = await ledger.register_replica("pod-0", "a:1", LEASE_S)
     assert await ledger.take_over("pod-0", "pod-1") is None, "its lease is current: nothing taken"
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(LEASE_S + 0.1)
     assert await ledger.take_over("pod-0", "pod-1") == sorted([SID, third])
     assert await ledger.session_counts() == {"pod-1": 2}
     tombstone = await ledger.tombstone(third)
