@@ -27,8 +27,11 @@ system:  ## the host's programs: bubblewrap and socat (the sandbox), git (snapsh
 run: $(RUNTIME) system  ## start the service (the offline scripted model unless a model credential is set)
 	$(VENV)/bin/agent-rewind serve $(ARGS)
 
-test: $(STAMP) system  ## unit and integration tests, against the real Claude Code CLI
-	$(PY) -m pytest $(ARGS)
+# Test workers (pytest-xdist): the integration tests mostly wait on the CLI and server processes
+# they start, so two keep two cores busy. JOBS=0: one process, no workers.
+JOBS ?= 2
+test: $(STAMP) system  ## unit and integration tests, against the real Claude Code CLI (JOBS workers, default 2)
+	$(PY) -m pytest -n $(JOBS) --dist worksteal $(ARGS)
 
 lint: $(STAMP)  ## ruff, mypy --strict, proto lint
 	$(VENV)/bin/ruff check src tests scripts benchmarks docs/examples

@@ -15,6 +15,7 @@ copy of a template, which takes a few tens of milliseconds.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import shutil
 import tempfile
@@ -44,7 +45,11 @@ class PostgresServer:
         # store tests' conftest migrates one); the empty one until then.
         self.migrated = TEMPLATE
         try:
-            self._server: Any = pgserver.get_server(self.root / "data", cleanup_mode="delete")
+            # One start at a time on the machine (make test runs two workers): on first use each
+            # would find the system user missing and run `useradd`, and the second would fail.
+            with open(Path(tempfile.gettempdir()) / "agent-rewind-pgserver.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._server: Any = pgserver.get_server(self.root / "data", cleanup_mode="delete")
             with self._admin() as db:
                 db.execute("ALTER SYSTEM SET fsync = off")
                 db.execute("ALTER SYSTEM SET full_page_writes = off")
