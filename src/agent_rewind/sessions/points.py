@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent_rewind import faults, tasks
-from agent_rewind.sessions.view import TranscriptView
+from agent_rewind.sessions.view import READ_INLINE_BYTES, TranscriptView
 from agent_rewind.store.ledger import Ledger, PointIndex, PointRow, PointsHead, PointsUpdate
 from agent_rewind.transcript.entries import (
     FILE_CHECKPOINT_WINDOW,
@@ -405,7 +406,7 @@ class SessionPoints:
                 return None
             return PointsUpdate(replace(head, holds_newest=holds), keep=head.count)
         seed = head.seed
-        tail = await asyncio.to_thread(
+        read = functools.partial(
             read_tail,
             path,
             head.covered,
@@ -415,6 +416,8 @@ class SessionPoints:
             seed.get("newest_position"),
             SEED_ANCESTORS + 1,
         )
+        # A large tail (a start after a long absence) in a thread, as the view's reads are.
+        tail = await asyncio.to_thread(read) if size - head.covered > READ_INLINE_BYTES else read()
         if tail is None:
             return False
         leaf = tail.leaf
