@@ -5,7 +5,8 @@ thread (their fsync must not hold up the event loop, nor every other session) on
 one IMMEDIATE transaction each (SQLite's write lock, held for the whole transaction, is what keeps
 a registration from committing during a fenced write), so when a call returns its write is on
 disk; but for a read's catch-up of the points index, derived data committed without an fsync
-(`_UNSYNCED`), which only a crash of the machine, so of this process too, can lose. Reads run inline on a second connection: WAL lets them proceed while a write commits. The
+(`_UNSYNCED`), which only a crash of the machine, so of this process too, can lose, and which
+runs on the event loop when no other write holds the lock. Reads run inline on a second connection: WAL lets them proceed while a write commits. The
 replica directory's leases are by this process's clock (one server uses the file). The schema is
 versioned (`PRAGMA user_version`) and migrated forward at open, so a state dir written by an
 older version is upgraded in place.
@@ -304,27 +305,40 @@ class SqliteLedger(SqlLedger):
     # The dialect
 
     async def _transact(self, work: Callable[[], Work[T]], fenced: bool, durable: bool) -> T:
-        def run() -> T:
-            with self._write_lock:
-                if not durable:
-                    _pragmas(self._writer, _UNSYNCED)
+        def run(wait: bool = True) -> T:
+            if not durable:
+                _pragmas(self._writer, _UNSYNCED if wait else (*_UNSYNCED, "PRAGMA busy_timeout=0"))
+            try:
+                self._writer.execute("BEGIN IMMEDIATE")
                 try:
-                    self._writer.execute("BEGIN IMMEDIATE")
-                    try:
-                        if fenced:
-                            _run(self._writer, self._check_fence())
-                        result = _run(self._writer, work())
-                        self._writer.execute("COMMIT")
-                    except BaseException:
-                        with contextlib.suppress(sqlite3.Error):
-                            self._writer.execute("ROLLBACK")
-                        raise
-                finally:
-                    if not durable:
-                        _pragmas(self._writer, _SYNCED)
-                return result
+                    if fenced:
+                        _run(self._writer, self._check_fence())
+                    result = _run(self._writer, work())
+                    self._writer.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._writer.execute("ROLLBACK")
+                    raise
+            finally:
+                if not durable:
+                    _pragmas(self._writer, (*_SYNCED, f"PRAGMA busy_timeout={self._busy_ms}"))
+            return result
 
-        return await asyncio.to_thread(run)
+        def locked() -> T:
+            with self._write_lock:
+                return run()
+
+        # Without its fsync a write costs tens of microseconds, less than a thread's round trip:
+        # on the loop, unless another write holds the lock, here or (no busy wait) elsewhere.
+        if not durable and self._write_lock.acquire(blocking=False):
+            try:
+                return run(wait=False)
+            except sqlite3.OperationalError as err:
+                if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BEGIN found the file locked
+                    raise
+            finally:
+                self._write_lock.release()
+        return await asyncio.to_thread(locked)
 
     async def _read(self, statement: str, args: tuple[Any, ...]) -> list[Row]:
         return list(self._reader.execute(statement, args).fetchall())
