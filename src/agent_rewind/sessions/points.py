@@ -3,7 +3,9 @@
 The replica that owns a session keeps the index in step with what it shows: a turn's record
 writes it in the transaction that touches the session, a rewind's or an undo's in the one that
 commits its cut, and any read that finds the conversation changed (a turn's prompt, a process
-that wrote its last checkpoint at exit) writes the difference first. Every replica reads points
+that wrote its last checkpoint at exit) writes the difference first, without waiting for the
+disk where the ledger allows (a crash loses it, if at all, with this process, and the next start
+reads it again from the transcript's tail, below). Every replica reads points
 from the index, the owner too, so they give the same answer: nothing about a point is computed
 from what only the owner holds in memory (its live process's checkpoint of the newest prompt is
 recorded with the head, `holds_newest`).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent_rewind import faults, tasks
-from agent_rewind.sessions.view import TranscriptView
+from agent_rewind.sessions.view import READ_INLINE_BYTES, TranscriptView
 from agent_rewind.store.ledger import Ledger, PointIndex, PointRow, PointsHead, PointsUpdate
 from agent_rewind.transcript.entries import (
     FILE_CHECKPOINT_WINDOW,
@@ -54,7 +57,8 @@ def digest(path: Path, covered: int) -> str:
     """Which file the index was made from, and what it held just before `covered`: its inode
     and the sha256 of those bytes ("" when it has fewer). The CLI only ever appends to a
     transcript (and the sandbox keeps agents out of the state dir): a file replaced, shrunk or
-    rewritten where the index ended is read whole again."""
+    rewritten where the index ended is read whole again. Called on the event loop: one read of
+    4 KiB costs less than a thread's round trip (tens of microseconds against hundreds)."""
     start = max(0, covered - DIGEST_BYTES)
     try:
         with path.open("rb") as f:
@@ -244,7 +248,7 @@ class SessionPoints:
         new_head = PointsHead(
             session_id=self._session_id,
             covered=covered,
-            digest=await asyncio.to_thread(digest, path, covered),
+            digest=digest(path, covered),
             leaf=leaf.uuid if leaf is not None else "",
             seed=_seed(_view_seeds(view), newest, ids.get(newest) if newest else None),
             count=n,
@@ -302,7 +306,8 @@ class SessionPoints:
             stamp = await self._ledger.touch_session(self._session_id) if touch else None
         else:
             faults.point("points.recording")
-            stamp = await self._ledger.record_points(update, touch=touch)
+            # A turn's record is as durable as the turn; a read's catch-up need not be.
+            stamp = await self._ledger.record_points(update, touch=touch, durable=touch)
             self.applied(update, view, covered, cut)
         if stamp is not None:
             self._worker.update_time = stamp
@@ -381,7 +386,7 @@ class SessionPoints:
             return
         if update is not None:
             faults.point("points.recording")
-            await self._ledger.record_points(update)
+            await self._ledger.record_points(update, durable=False)
             self.applied(update, None, update.head.covered, update.head.cut)
         self._checked = size
 
@@ -394,14 +399,14 @@ class SessionPoints:
         anchor = await self._ledger.anchor(self._session_id)
         if (anchor.anchor_uuid if anchor is not None else "") != head.cut:
             return False  # a cut the index was not written with
-        if size < head.covered or await asyncio.to_thread(digest, path, head.covered) != head.digest:
+        if size < head.covered or digest(path, head.covered) != head.digest:
             return False  # another file than the one the index was made from
         if size == head.covered:
             if head.holds_newest == holds:
                 return None
             return PointsUpdate(replace(head, holds_newest=holds), keep=head.count)
         seed = head.seed
-        tail = await asyncio.to_thread(
+        read = functools.partial(
             read_tail,
             path,
             head.covered,
@@ -411,6 +416,8 @@ class SessionPoints:
             seed.get("newest_position"),
             SEED_ANCESTORS + 1,
         )
+        # A large tail (a start after a long absence) in a thread, as the view's reads are.
+        tail = await asyncio.to_thread(read) if size - head.covered > READ_INLINE_BYTES else read()
         if tail is None:
             return False
         leaf = tail.leaf
@@ -431,7 +438,7 @@ class SessionPoints:
             PointsHead(
                 session_id=self._session_id,
                 covered=tail.covered,
-                digest=await asyncio.to_thread(digest, path, tail.covered),
+                digest=digest(path, tail.covered),
                 leaf=leaf.uuid if leaf is not None else "",
                 seed=_seed(tail.seeds, newest, newest_position),
                 count=tail.keep + len(added),

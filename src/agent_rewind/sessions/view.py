@@ -20,7 +20,7 @@ from agent_rewind.transcript.index import ConversationView, TranscriptIndex
 from agent_rewind.transcript.paths import exists, transcript_path
 
 # Transcript reads larger than this run in a thread (a 5,000-turn transcript is about 35 MB).
-_READ_INLINE_BYTES = 1 << 20
+READ_INLINE_BYTES = 1 << 20
 
 
 class TranscriptView:
@@ -68,7 +68,7 @@ class TranscriptView:
                 unread = index.path.stat().st_size - index.size
             except OSError:
                 unread = 0
-            if unread > _READ_INLINE_BYTES:
+            if unread > READ_INLINE_BYTES:
                 await asyncio.to_thread(index.refresh)
             else:
                 index.refresh()

@@ -100,9 +100,11 @@ class Dialect(ABC):
     async def wait_for_events(self, seconds: float) -> None: ...
 
     @abstractmethod
-    async def _transact(self, work: Callable[[], Work[T]], fenced: bool) -> T:
+    async def _transact(self, work: Callable[[], Work[T]], fenced: bool, durable: bool) -> T:
         """Runs `work` in one transaction, durable once this returns; `fenced`: after
-        `_check_fence`, in the same transaction."""
+        `_check_fence`, in the same transaction. Not `durable`: derived data that a crash may
+        lose (`PointIndex.record_points`), committed without waiting for the disk where the
+        dialect can lose it only with this process (see the dialects)."""
 
     @abstractmethod
     async def _read(self, statement: str, args: tuple[Any, ...]) -> list[Row]: ...
@@ -147,10 +149,12 @@ class Dialect(ABC):
 
     # Plumbing: one error mapping for every read and write
 
-    async def _transaction(self, work: Callable[[], Work[T]], *, fenced: bool = True) -> T:
+    async def _transaction(
+        self, work: Callable[[], Work[T]], *, fenced: bool = True, durable: bool = True
+    ) -> T:
         started = time.perf_counter()
         try:
-            return await self._transact(work, fenced)
+            return await self._transact(work, fenced, durable)
         except BaseException as err:
             metrics.LEDGER_WRITE_FAILURES.inc()
             if self._unavailable(err):

@@ -386,9 +386,13 @@ class PointIndex(Protocol):
         """The uuid of the point at `idx`, if the index has one there."""
         ...
 
-    async def record_points(self, update: PointsUpdate, *, touch: bool = False) -> datetime | None:
+    async def record_points(
+        self, update: PointsUpdate, *, touch: bool = False, durable: bool = True
+    ) -> datetime | None:
         """Applies `update` in one transaction (with `touch`, also sets the session's update_time,
-        which it returns)."""
+        which it returns). Not `durable`: the catch-up of a read, which a crash may lose (the
+        next read after a start repairs it from the transcript's tail): committed without
+        waiting for the disk where the ledger can lose it only with this process (SQLite)."""
         ...
 
 

@@ -455,7 +455,11 @@ class PostgresLedger(SqlLedger):
 
     # The dialect
 
-    async def _transact(self, work: Callable[[], Work[T]], fenced: bool) -> T:
+    async def _transact(self, work: Callable[[], Work[T]], fenced: bool, durable: bool) -> T:
+        # Durable whatever `durable` says: the server can lose a commit it did not flush (a
+        # crash, a failover) while this replica lives on, its points head in memory ahead of the
+        # ledger's, and the next write of the index would be a difference from rows that are not
+        # there. (SQLite loses one only with the machine, so with the process: see sqlite.py.)
         return await self._write(lambda conn: _run(conn, work()), fenced=fenced)
 
     async def _read(self, statement: str, args: tuple[Any, ...]) -> list[Row]:

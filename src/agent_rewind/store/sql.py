@@ -369,7 +369,9 @@ class SqlLedger(Dialect):
                 ),
             )
 
-    async def record_points(self, update: PointsUpdate, *, touch: bool = False) -> datetime | None:
+    async def record_points(
+        self, update: PointsUpdate, *, touch: bool = False, durable: bool = True
+    ) -> datetime | None:
         stamp = now() if touch else None
 
         def write() -> Work[datetime | None]:
@@ -386,7 +388,7 @@ class SqlLedger(Dialect):
             yield from self._write_points(update)
             return stamp
 
-        return await self._transaction(write)
+        return await self._transaction(write, durable=durable)
 
     def _points_head(self, row: Any) -> PointsHead:
         return PointsHead(

@@ -4,7 +4,9 @@ The SQLite dialect of `store/sql.py`, which holds every ledger method. Writes ru
 thread (their fsync must not hold up the event loop, nor every other session) on one connection,
 one IMMEDIATE transaction each (SQLite's write lock, held for the whole transaction, is what keeps
 a registration from committing during a fenced write), so when a call returns its write is on
-disk. Reads run inline on a second connection: WAL lets them proceed while a write commits. The
+disk; but for a read's catch-up of the points index, derived data committed without an fsync
+(`_UNSYNCED`), which only a crash of the machine, so of this process too, can lose, and which
+runs on the event loop when no other write holds the lock. Reads run inline on a second connection: WAL lets them proceed while a write commits. The
 replica directory's leases are by this process's clock (one server uses the file). The schema is
 versioned (`PRAGMA user_version`) and migrated forward at open, so a state dir written by an
 older version is upgraded in place.
@@ -35,6 +37,15 @@ T = TypeVar("T")
 # OSError: it is damaged, or not a database any more.
 _DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
+# How every write commits: on disk when COMMIT returns (the log fsynced), the log folded into
+# the file every 1,000 pages (SQLite's default).
+_SYNCED = ("PRAGMA synchronous=FULL", "PRAGMA wal_autocheckpoint=1000")
+# How a write that need not be durable (`_transact`) commits, that transaction only: its log
+# frames written, not fsynced (lost, if at all, with the machine, so with this process, whose
+# next start repairs what they held), and no checkpoint (one that does not sync the file before
+# the log starts over could lose what synced commits wrote). The log is appended in order: the
+# next synced commit's fsync makes these frames durable too.
+_UNSYNCED = ("PRAGMA synchronous=OFF", "PRAGMA wal_autocheckpoint=0")
 
 # Each entry upgrades the schema by one version; never edit one that has shipped.
 MIGRATIONS: tuple[str, ...] = (
@@ -253,7 +264,7 @@ class SqliteLedger(SqlLedger):
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
+        _pragmas(db, _SYNCED)
         db.execute("PRAGMA foreign_keys=ON")
         # What is deleted (a DeleteSession's content above all) is overwritten with zeros, not left
         # in free pages for anyone who reads the file.
@@ -293,9 +304,11 @@ class SqliteLedger(SqlLedger):
 
     # The dialect
 
-    async def _transact(self, work: Callable[[], Work[T]], fenced: bool) -> T:
-        def run() -> T:
-            with self._write_lock:
+    async def _transact(self, work: Callable[[], Work[T]], fenced: bool, durable: bool) -> T:
+        def run(wait: bool = True) -> T:
+            if not durable:
+                _pragmas(self._writer, _UNSYNCED if wait else (*_UNSYNCED, "PRAGMA busy_timeout=0"))
+            try:
                 self._writer.execute("BEGIN IMMEDIATE")
                 try:
                     if fenced:
@@ -306,9 +319,26 @@ class SqliteLedger(SqlLedger):
                     with contextlib.suppress(sqlite3.Error):
                         self._writer.execute("ROLLBACK")
                     raise
-                return result
+            finally:
+                if not durable:
+                    _pragmas(self._writer, (*_SYNCED, f"PRAGMA busy_timeout={self._busy_ms}"))
+            return result
 
-        return await asyncio.to_thread(run)
+        def locked() -> T:
+            with self._write_lock:
+                return run()
+
+        # Without its fsync a write costs tens of microseconds, less than a thread's round trip:
+        # on the loop, unless another write holds the lock, here or (no busy wait) elsewhere.
+        if not durable and self._write_lock.acquire(blocking=False):
+            try:
+                return run(wait=False)
+            except sqlite3.OperationalError as err:
+                if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BEGIN found the file locked
+                    raise
+            finally:
+                self._write_lock.release()
+        return await asyncio.to_thread(locked)
 
     async def _read(self, statement: str, args: tuple[Any, ...]) -> list[Row]:
         return list(self._reader.execute(statement, args).fetchall())
@@ -383,6 +413,11 @@ class SqliteLedger(SqlLedger):
                 if not busy:
                     return
                 time.sleep(0.02)
+
+
+def _pragmas(db: sqlite3.Connection, pragmas: tuple[str, ...]) -> None:
+    for pragma in pragmas:
+        db.execute(pragma)
 
 
 def _statements(script: str) -> list[str]:

@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,75 @@ async def _clear(ledger: SqliteLedger) -> None:
     """No index, as before the session's first read (each cut starts from nothing)."""
     await ledger._execute("DELETE FROM points WHERE session_id = ?", SID)
     await ledger._execute("DELETE FROM point_heads WHERE session_id = ?", SID)
+
+
+async def _stored_index(ledger: SqliteLedger) -> tuple[list[Any], list[Any]]:
+    heads = ledger._reader.execute("SELECT * FROM point_heads WHERE session_id = ?", (SID,)).fetchall()
+    rows = ledger._reader.execute("SELECT * FROM points WHERE session_id = ?", (SID,)).fetchall()
+    return [tuple(r) for r in heads], [tuple(r) for r in rows]
+
+
+async def _restore(ledger: SqliteLedger, index: tuple[list[Any], list[Any]]) -> None:
+    """The index as it was: what a crash of the machine that lost the newer writes leaves."""
+    await _clear(ledger)
+    heads, rows = index
+    for table, values in (("point_heads", heads), ("points", rows)):
+        for row in values:
+            marks = ", ".join("?" * len(row))
+            await ledger._execute(f"INSERT INTO {table} VALUES ({marks})", *row)
+
+
+def _durability(ledger: SqliteLedger) -> list[bool]:
+    """Each write of the index from now on: whether it was asked to be durable."""
+    seen: list[bool] = []
+    record = ledger.record_points
+
+    async def recording(update: Any, *, touch: bool = False, durable: bool = True) -> Any:
+        seen.append(durable)
+        return await record(update, touch=touch, durable=durable)
+
+    ledger.record_points = recording  # type: ignore[method-assign]
+    return seen
+
+
+async def test_the_catch_up_a_read_writes_unsynced_once_lost_is_read_again_from_the_tail_at_the_next_start(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """A read that finds the transcript grown writes the index without an fsync (derived data);
+    should the machine lose that write, the index it leaves (as an earlier write made it) is
+    brought up to date from the transcript's tail by the next start, as the whole transcript
+    shows it."""
+    data = _transcript("plain")
+    path = _path(tmp_path)
+    ends = _line_ends(data)
+    path.write_bytes(data[: ends[len(ends) // 3]])
+    first = _worker(tmp_path, ledger)
+    await first.points.current()
+    older = await _stored_index(ledger)
+    path.write_bytes(data[: ends[2 * len(ends) // 3]])
+    synced = _durability(ledger)
+    await first.points.current()  # the owner's read, the transcript in memory: unsynced
+    assert synced == [False]
+    newer = await _stored_index(ledger)
+    assert newer != older and await _indexed(ledger) == _whole(path)
+
+    await _restore(ledger, older)  # the unsynced write lost with the machine
+    path.write_bytes(data)
+    second = _worker(tmp_path, ledger)
+    await second.points.current()  # a start: from the head and the tail, unsynced too
+    assert synced == [False, False]
+    assert await _indexed(ledger) == _whole(path)
+    assert second.points.rebuilds == 0, "read from the tail, not the whole transcript"
+
+
+async def test_a_turns_record_of_the_index_is_durable(tmp_path: Path, ledger: SqliteLedger) -> None:
+    data = _transcript("plain")
+    path = _path(tmp_path)
+    path.write_bytes(data)
+    worker = _worker(tmp_path, ledger)
+    durable = _durability(ledger)
+    await worker.points.record(touch=True)
+    assert durable == [True]
+    path.write_bytes(data + b"\n")  # grown: the next read writes the index again
+    await worker.points.current()
+    assert durable == [True, False]

@@ -1164,7 +1164,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
         return await real_to_thread(fn, *args, **kwargs)
 
     monkeypatch.setattr(worker_module.asyncio, "to_thread", spy)
-    monkeypatch.setattr(worker_module, "_READ_INLINE_BYTES", 10)
+    monkeypatch.setattr(worker_module, "READ_INLINE_BYTES", 10)
     view = await worker.view()
     assert len(view.points) == 1
     assert "refresh" in calls, "the read ran in a thread"
@@ -1420,7 +1420,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
     _append(path, *(_prompt_entry(str(uuid.uuid4()), None, f"prompt {i}") for i in range(4)))
     calls = _reads_in_threads(monkeypatch)
-    monkeypatch.setattr(worker_module, "_READ_INLINE_BYTES", path.stat().st_size // 2)
+    monkeypatch.setattr(worker_module, "READ_INLINE_BYTES", path.stat().st_size // 2)
     assert len((await worker.view()).points) == 1
     assert calls.count("refresh") == 1, "the large first read ran in a thread"
     _append(path, _prompt_entry(str(uuid.uuid4()), None, "small"))
@@ -1437,7 +1437,7 @@ async def test_an_unread_part_of_exactly_the_inline_bound_is_read_inline(
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
     _append(path, _prompt_entry(str(uuid.uuid4()), None, "hello"))
     calls = _reads_in_threads(monkeypatch)
-    monkeypatch.setattr(worker_module, "_READ_INLINE_BYTES", path.stat().st_size)
+    monkeypatch.setattr(worker_module, "READ_INLINE_BYTES", path.stat().st_size)
     assert len((await worker.view()).points) == 1
     assert "refresh" not in calls
 

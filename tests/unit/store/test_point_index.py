@@ -4,8 +4,10 @@ and gone with DeleteSession's erasure."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,8 @@ from agent_rewind.store.ledger import (
     PointsHead,
     PointsUpdate,
 )
+from agent_rewind.store.postgres import PostgresLedger
+from agent_rewind.store.sqlite import SqliteLedger
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
 OTHER = "1c8e4d2f-6b9e-4e7f-8a21-3b4c5d6e7f80"
@@ -118,6 +122,72 @@ async def test_a_touch_sets_the_sessions_update_time_in_the_same_write(ledger: L
     after = await ledger.session(SID)
     assert after is not None and after.update_time == stamp
     assert await ledger.record_points(PointsUpdate(_head(1), keep=1)) is None
+
+
+class _Commits:
+    """How each write of `ledger` commits, seen inside its transaction just before COMMIT:
+    SQLite's (synchronous, wal_autocheckpoint) of the writer connection; PostgreSQL's
+    synchronous_commit."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.seen: list[tuple[object, ...]] = []
+        if isinstance(ledger, SqliteLedger):
+            self._sqlite(ledger)
+        else:
+            assert isinstance(ledger, PostgresLedger)
+            self._postgres(ledger)
+
+    def _sqlite(self, ledger: SqliteLedger) -> None:
+        writer, seen = ledger._writer, self.seen
+
+        class Spy:
+            def execute(self, statement: str, *args: Any) -> sqlite3.Cursor:
+                if statement == "COMMIT":
+                    sync = writer.execute("PRAGMA synchronous").fetchone()[0]
+                    checkpoint = writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+                    seen.append((sync, checkpoint))
+                return writer.execute(statement, *args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(writer, name)
+
+        ledger._writer = Spy()  # type: ignore[assignment]
+
+    def _postgres(self, ledger: PostgresLedger) -> None:
+        write, seen = ledger._write, self.seen
+
+        async def spied(work: Any, *, fenced: bool = True) -> Any:
+            async def body(conn: Any) -> Any:
+                result = await work(conn)
+                row = await (
+                    await conn.execute("SELECT current_setting('synchronous_commit') AS s")
+                ).fetchone()
+                seen.append((row["s"],))
+                return result
+
+            return await write(body, fenced=fenced)
+
+        ledger._write = spied  # type: ignore[method-assign]
+
+
+async def test_an_index_write_that_need_not_be_durable_is_not_fsynced_where_only_the_process_could_lose_it(
+    ledger: Ledger,
+) -> None:
+    """A read's catch-up (`durable=False`): SQLite commits it with no fsync and no checkpoint, then
+    puts both back for every other write; PostgreSQL commits it as every write (its server could
+    lose it while the replica that wrote it lives on)."""
+    await _session(ledger)
+    commits = _Commits(ledger)
+    await ledger.record_points(PointsUpdate(_head(1), keep=0, added=(_row(0),)), durable=False)
+    await ledger.record_points(PointsUpdate(_head(2), keep=1, added=(_row(1),)), touch=True)
+    await ledger.record_points(PointsUpdate(_head(3), keep=2, added=(_row(2),)))
+    if isinstance(ledger, SqliteLedger):
+        off, full = (0, 0), (2, 1000)  # synchronous OFF / FULL, wal_autocheckpoint
+        assert commits.seen == [off, full, full]
+    else:
+        assert commits.seen == [("on",)] * 3
+    found = await ledger.points_page(SID, 0, 10)
+    assert found == (_head(3), [_row(0), _row(1), _row(2)])
 
 
 async def test_sessions_have_indexes_of_their_own(ledger: Ledger) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent_rewind.errors import StorageUnavailable
+from agent_rewind.store import sqlite as sqlite_module
 from agent_rewind.store.ledger import (
     Anchor,
     NewEvent,
@@ -79,6 +82,50 @@ async def test_a_write_waits_out_the_busy_timeout_for_another_writer_then_is_una
         assert await ledger.request("req-1") is None
         await ledger.begin_request(NewRequest("req-1", "Prompt", "fp", SID))
         assert await ledger.request("req-1") is not None
+    finally:
+        holder.close()
+        await ledger.close()
+
+
+async def test_an_unsynced_write_runs_on_the_loop_and_in_a_thread_only_when_another_writer_holds_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that need not be durable (a read's catch-up of the points index) has no fsync to
+    wait for: it commits on the event loop. While another writer holds the file's lock it waits
+    in a thread, as every write does, the loop free meanwhile; then it goes through."""
+    path = tmp_path / "ledger.sqlite3"
+    ledger = await SqliteLedger.open(path, busy_timeout=5)
+    await ledger.add_session(NewSession(SID, "/ws/a", {}, False))
+    threads: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def spy(fn: Any, /, *args: Any) -> Any:
+        threads.append(fn.__name__)
+        return await to_thread(fn, *args)
+
+    monkeypatch.setattr(sqlite_module.asyncio, "to_thread", spy)
+
+    def update(n: int) -> PointsUpdate:
+        rows = tuple(PointRow(i, f"u{i}", f"u{i}", "", "", "p", None, None, 0, False) for i in range(n))
+        return PointsUpdate(PointsHead(SID, n, "", f"u{n}", {}, n, f"u{n}", 0, 0, False, ""), 0, rows)
+
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        await ledger.record_points(update(1), durable=False)
+        assert threads == [], "committed on the loop"
+        await ledger.record_points(update(2))
+        assert threads == ["locked"], "a durable write waits for its fsync in a thread"
+        holder.execute("BEGIN IMMEDIATE")
+        waiting = asyncio.create_task(ledger.record_points(update(3), durable=False))
+        started = time.monotonic()
+        await asyncio.sleep(0.2)
+        assert time.monotonic() - started < 0.5, "the loop did not wait for the lock"
+        assert not waiting.done() and threads == ["locked", "locked"]
+        holder.execute("ROLLBACK")
+        await waiting
+        head = await ledger.points_head(SID)
+        assert head is not None and head.count == 3
+        assert ledger._writer.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     finally:
         holder.close()
         await ledger.close()
