@@ -6,10 +6,10 @@ one IMMEDIATE transaction each (SQLite's write lock, held for the whole transact
 a registration from committing during a fenced write), so when a call returns its write is on
 disk; but for a read's catch-up of the points index, derived data committed without an fsync
 (`_UNSYNCED`), which only a crash of the machine, so of this process too, can lose, and which
-runs on the event loop when no other write holds the lock. Reads run inline on a second connection: WAL lets them proceed while a write commits. The
-replica directory's leases are by this process's clock (one server uses the file). The schema is
-versioned (`PRAGMA user_version`) and migrated forward at open, so a state dir written by an
-older version is upgraded in place.
+runs on the event loop when no other write holds the lock. Reads run inline on a second
+connection: WAL lets them proceed while a write commits. The replica directory's leases are by
+this process's clock (one server uses the file). The schema is versioned (`PRAGMA user_version`)
+and migrated forward at open, so a state dir written by an older version is upgraded in place.
 """
 
 from __future__ import annotations
