@@ -4,7 +4,8 @@ A first snapshot must record every file. When the workspace is a git checkout, i
 already names the blob of each tracked file together with the stat data the file had when git
 last hashed it, and its object store holds those blobs: a file whose stat data still match its
 entry need not be read again. This module finds, for the paths a first snapshot records, those
-that can be taken from there, and copies their blobs into the store's repository, verified.
+that can be taken from there (`trusted_files`), and copies their blobs into the store's
+repository, verified (`copy`).
 
 The workspace is the agent's: everything in its `.git` may be forged. So:
 
@@ -25,6 +26,11 @@ The workspace is the agent's: everything in its `.git` may be forged. So:
   every object by the hash of its content, so a forged or damaged object cannot land under the id
   the index claims. The blob must be a blob of exactly the file's size. A file whose blob is
   missing, of another kind or size, or did not arrive under its id is hashed from disk.
+- The trust decision (`trusted_files`) is what depends on the files; the copy (`copy`) comes
+  after, while the agent's turn may already run (`SnapshotStore.take`'s `on_read`): so `.git` and
+  its objects are checked again right before git reads them, and a file whose blob is then
+  missing is hashed from disk only if the store's watch saw no change to it and its stat data
+  are still those trusted (else the snapshot is incomplete, never silently wrong).
 
 What stays trusted is what git itself trusts: a file whose stat data equal its entry's holds that
 entry's blob. Someone who can write the workspace can make such an entry (copying a file's stat
@@ -92,44 +98,55 @@ def git_mode(info: os.stat_result) -> int:
     return gitindex.MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else gitindex.MODE_FILE
 
 
-def seed(
-    git: Git,
+def trusted_files(
     workspace: Path,
     stats: Mapping[str, os.stat_result],
-    deadline: float,
     index: Future[tuple[dict[str, IndexEntry], int]] | None = None,
 ) -> dict[str, Known]:
-    """The paths of `stats` (each with its lstat) whose blob was copied from the workspace's git
-    into the store's repository; {} when the workspace is not a usable git checkout. Never raises
-    for the workspace's content; GitTimeout past the deadline. `index`: `read_index` of the
-    workspace, started earlier (in a thread, while git lists the workspace)."""
+    """The paths of `stats` (each with its lstat) whose file holds the blob its entry in the
+    workspace's index names (`trusted`); {} when the workspace is not a usable git checkout.
+    Nothing is copied yet (`copy`). Never raises for the workspace's content. `index`:
+    `read_index` of the workspace, started earlier (in a thread, while git lists the workspace)."""
     try:
         entries, index_mtime_ns = index.result() if index is not None else read_index(workspace)
     except (NotSeedable, OSError) as err:
         if str(err):
             log.info("first snapshot not seeded from git", workspace=str(workspace), why=str(err))
         return {}
-    candidates: dict[str, Known] = {}
-    sizes: dict[str, int] = {}
+    found: dict[str, Known] = {}
+    get = entries.get
     for path, info in stats.items():
-        entry = entries.get(path)
-        if entry is None or not trusted(entry, info, index_mtime_ns):
-            continue
-        # Its stat data are the file's (`trusted` compared them): the store's index keeps them.
-        candidates[path] = Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
-        sizes[entry.oid] = info.st_size
-    if not candidates:
-        return {}
-    if time.monotonic() > deadline:
-        raise GitTimeout("the deadline passed while reading the workspace's index")
+        entry = get(path)
+        if entry is not None and trusted(entry, info, index_mtime_ns):
+            # Its stat data are the file's (`trusted` compared them): the store's index keeps them.
+            found[path] = Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
+    return found
+
+
+def copy(
+    git: Git,
+    workspace: Path,
+    known: Mapping[str, Known],
+    stats: Mapping[str, os.stat_result],
+    deadline: float,
+) -> set[str]:
+    """Copies the blobs of `known` (`trusted_files`: each a blob of the size its file had in
+    `stats`) from the workspace's object directory into the store's repository, verified; the
+    paths whose blob arrived. The
+    directory is checked again first (the agent may have changed it since its index was read);
+    a workspace whose git cannot be used now copies nothing. GitTimeout past the deadline."""
+    sizes = {k.oid: stats[path].st_size for path, k in known.items()}
+    if not sizes:
+        return set()
     try:
+        check_objects(workspace)
         copied = copy_blobs(git, workspace / ".git" / "objects", sizes, deadline)
     except GitTimeout:
         raise
-    except (SnapshotError, OSError) as err:
+    except (NotSeedable, SnapshotError, OSError) as err:
         log.warning("first snapshot not seeded: the blobs could not be copied", error=str(err))
-        return {}
-    return {path: known for path, known in candidates.items() if known.oid in copied}
+        return set()
+    return {path for path, k in known.items() if k.oid in copied}
 
 
 def trusted(entry: IndexEntry, info: os.stat_result, index_mtime_ns: int) -> bool:
@@ -189,6 +206,26 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
     for path in twice:  # a forged index: trust neither
         del entries[path]
     return entries, mtime_ns
+
+
+def check_objects(workspace: Path) -> None:
+    """NotSeedable unless the workspace's `.git` (a directory of its own) and its objects are
+    as `read_index` requires them."""
+    try:
+        root = _open_root(workspace)
+    except (OSError, UnsafePath) as err:
+        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
+    try:
+        try:
+            dot_git = os.open(".git", _DIR, dir_fd=root)
+        except OSError as err:
+            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
+        try:
+            _check_objects(dot_git)
+        finally:
+            os.close(dot_git)
+    finally:
+        os.close(root)
 
 
 def _check_objects(dot_git: int) -> None:

@@ -180,6 +180,18 @@ class Watch:
         self._drain()
         return self._trusted and not self._changed
 
+    def unchanged(self, path: str) -> bool:
+        """Whether the watch vouches that nothing changed at `path` (a relative path), nor at a
+        directory above it, since the last `changed()` or `start()` (False when it cannot say).
+        Hands nothing over."""
+        if self._fd < 0:
+            return False
+        self._drain()
+        if not self._trusted:
+            return False
+        parts = path.split("/")
+        return not any("/".join(parts[:depth]) in self._changed for depth in range(1, len(parts) + 1))
+
     def distrust(self) -> None:
         """The next `changed()` returns None: the caller lost what it was last told."""
         self._trusted = False
