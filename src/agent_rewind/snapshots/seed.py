@@ -46,6 +46,7 @@ import re
 import stat
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -59,6 +60,7 @@ from agent_rewind.snapshots.errors import GitTimeout, SnapshotError, UnsafePath
 from agent_rewind.snapshots.files import MODE_EXECUTABLE, MODE_FILE, MODE_SYMLINK, _open_root
 from agent_rewind.snapshots.git import Git
 from agent_rewind.snapshots.gitindex import IndexEntry, Stat
+from agent_rewind.snapshots.scan import gc_paused
 
 log = structlog.get_logger(__name__)
 
@@ -78,7 +80,7 @@ _MODES = {
 _OID = re.compile(rb"\b[0-9a-f]{40}\b")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Known:
     """A path of the first snapshot: its git mode, blob id, and the stat data to index it with."""
 
@@ -102,9 +104,10 @@ def trusted_files(
     workspace: Path,
     stats: Mapping[str, os.stat_result],
     index: Future[tuple[dict[str, IndexEntry], int]] | None = None,
-) -> dict[str, Known]:
+) -> dict[str, IndexEntry]:
     """The paths of `stats` (each with its lstat) whose file holds the blob its entry in the
-    workspace's index names (`trusted`); {} when the workspace is not a usable git checkout.
+    workspace's index names (`trusted`), with that entry (`known` makes what the snapshot keeps
+    of it); {} when the workspace is not a usable git checkout.
     Nothing is copied yet (`copy`). Never raises for the workspace's content. `index`:
     `read_index` of the workspace, started earlier (in a thread, while git lists the workspace)."""
     try:
@@ -113,29 +116,34 @@ def trusted_files(
         if str(err):
             log.info("first snapshot not seeded from git", workspace=str(workspace), why=str(err))
         return {}
-    found: dict[str, Known] = {}
     get = entries.get
-    for path, info in stats.items():
+    found: dict[str, IndexEntry] = {}
+    for path, info in stats.items():  # once per file: kept lean
         entry = get(path)
         if entry is not None and trusted(entry, info, index_mtime_ns):
-            # Its stat data are the file's (`trusted` compared them): the store's index keeps them.
-            found[path] = Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
+            found[path] = entry
     return found
+
+
+def known(entry: IndexEntry) -> Known:
+    """What the snapshot keeps of a trusted entry: its stat data are the file's (`trusted`
+    compared them), so the store's index keeps them."""
+    return Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
 
 
 def copy(
     git: Git,
     workspace: Path,
-    known: Mapping[str, Known],
+    entries: Mapping[str, IndexEntry],
     stats: Mapping[str, os.stat_result],
     deadline: float,
 ) -> set[str]:
-    """Copies the blobs of `known` (`trusted_files`: each a blob of the size its file had in
+    """Copies the blobs of `entries` (`trusted_files`: each a blob of the size its file had in
     `stats`) from the workspace's object directory into the store's repository, verified; the
     paths whose blob arrived. The
     directory is checked again first (the agent may have changed it since its index was read);
     a workspace whose git cannot be used now copies nothing. GitTimeout past the deadline."""
-    sizes = {k.oid: stats[path].st_size for path, k in known.items()}
+    sizes = {entry.oid: stats[path].st_size for path, entry in entries.items()}
     if not sizes:
         return set()
     try:
@@ -146,28 +154,35 @@ def copy(
     except (NotSeedable, SnapshotError, OSError) as err:
         log.warning("first snapshot not seeded: the blobs could not be copied", error=str(err))
         return set()
-    return {path for path, k in known.items() if k.oid in copied}
+    return {path for path, entry in entries.items() if entry.oid in copied}
 
 
 def trusted(entry: IndexEntry, info: os.stat_result, index_mtime_ns: int) -> bool:
-    """Whether the entry's blob is what the file holds, by git's own rule: the stat data equal,
-    and the entry not racily clean."""
+    """Whether the entry's blob is what the file holds, by git's own rule: the stat data equal
+    (all but the device, as git compares them), and the entry not racily clean. Runs once per
+    file of a first snapshot: one comparison of tuples."""
     if entry.flags & _UNUSABLE or entry.extended & _UNUSABLE_EXTENDED:
         return False
-    recorded = entry.stat
-    if recorded.mode not in _MODES or recorded.mode != git_mode(info):
+    mtime_ns = info.st_mtime_ns
+    if mtime_ns >= index_mtime_ns:
         return False
-    mtime, ctime = divmod(info.st_mtime_ns, 1_000_000_000), divmod(info.st_ctime_ns, 1_000_000_000)
-    return (
-        recorded.size == info.st_size & 0xFFFFFFFF
-        and recorded.mtime_s == mtime[0] & 0xFFFFFFFF
-        and recorded.mtime_ns == mtime[1]
-        and recorded.ctime_s == ctime[0] & 0xFFFFFFFF
-        and recorded.ctime_ns == ctime[1]
-        and recorded.ino == info.st_ino & 0xFFFFFFFF
-        and recorded.uid == info.st_uid & 0xFFFFFFFF
-        and recorded.gid == info.st_gid & 0xFFFFFFFF
-        and info.st_mtime_ns < index_mtime_ns
+    recorded = entry.stat
+    ctime_ns, mode = info.st_ctime_ns, info.st_mode
+    return recorded == (
+        (ctime_ns // 1_000_000_000) & 0xFFFFFFFF,
+        ctime_ns % 1_000_000_000,
+        (mtime_ns // 1_000_000_000) & 0xFFFFFFFF,
+        mtime_ns % 1_000_000_000,
+        recorded.dev,
+        info.st_ino & 0xFFFFFFFF,
+        gitindex.MODE_SYMLINK
+        if stat.S_ISLNK(mode)
+        else gitindex.MODE_EXECUTABLE
+        if mode & stat.S_IXUSR
+        else gitindex.MODE_FILE,
+        info.st_uid & 0xFFFFFFFF,
+        info.st_gid & 0xFFFFFFFF,
+        info.st_size & 0xFFFFFFFF,
     )
 
 
@@ -192,19 +207,20 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
             os.close(dot_git)
     finally:
         os.close(root)
-    try:
-        parsed = gitindex.parse(data)
-    except (gitindex.BadIndex, struct.error, ValueError) as err:
-        raise NotSeedable(f".git/index cannot be used: {err}") from err
-    entries: dict[str, IndexEntry] = {}
-    twice: set[str] = set()
-    for entry in parsed:
-        path = os.fsdecode(entry.path)
-        if path in entries:
-            twice.add(path)
-        entries[path] = entry
-    for path in twice:  # a forged index: trust neither
-        del entries[path]
+    with gc_paused():
+        try:
+            parsed = gitindex.parse(data)
+        except (gitindex.BadIndex, struct.error, ValueError) as err:
+            raise NotSeedable(f".git/index cannot be used: {err}") from err
+        encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # as fsdecode
+        entries = {entry.path.decode(encoding, errors): entry for entry in parsed}
+        if len(entries) < len(parsed):  # a path twice: a forged index, trust neither
+            seen: set[str] = set()
+            for entry in parsed:
+                path = entry.path.decode(encoding, errors)
+                if path in seen:
+                    entries.pop(path, None)
+                seen.add(path)
     return entries, mtime_ns
 
 

@@ -63,6 +63,7 @@ from agent_rewind.snapshots.restore import restore_paths
 from agent_rewind.snapshots.scan import (
     Plan,
     capturable,
+    gc_paused,
     index_plan,
     listed_paths,
     nested_files,
@@ -70,7 +71,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
-from agent_rewind.snapshots.seed import Known, copy, read_index, trusted_files
+from agent_rewind.snapshots.seed import Known, copy, known, read_index, trusted_files
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
@@ -406,11 +407,12 @@ class SnapshotStore:
         nothing: every file is new (`_record_first`)."""
         untracked: list[str] = []
         nested: list[str] = []
-        for path in listed_paths(others):
-            (nested if path.endswith("/") else untracked).append(path)
-        if nested:
-            untracked += nested_files(self._git, self.workspace, nested, deadline)
-        plan = index_plan(self.workspace, listed_paths(changed), untracked, self.limits.max_file_bytes)
+        with gc_paused() if fresh else contextlib.nullcontext():  # an object or two per file
+            for path in listed_paths(others):
+                (nested if path.endswith("/") else untracked).append(path)
+            if nested:
+                untracked += nested_files(self._git, self.workspace, nested, deadline)
+            plan = index_plan(self.workspace, listed_paths(changed), untracked, self.limits.max_file_bytes)
         if fresh and not plan.drop:
             return self._record_first(plan, deadline)
         if plan.added_bytes > self.limits.max_total_bytes:
@@ -450,7 +452,8 @@ class SnapshotStore:
         vouched-for blobs from the workspace's git, the trees, the pack and the index come
         after, while the files may change."""
         parsed, self._workspace_index = self._workspace_index, None
-        vouched = trusted_files(self.workspace, plan.stats, parsed)
+        with gc_paused():
+            vouched = trusted_files(self.workspace, plan.stats, parsed)
         rest = [path for path in plan.update if path not in vouched]
         hashing = sum(plan.stats[path].st_size for path in rest)
         if hashing > self.limits.max_total_bytes:
@@ -459,21 +462,24 @@ class SnapshotStore:
                 *plan.problems,
             ]
         with PackWriter(self._git) as pack:
-            known, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
+            found, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
             self._read()
             if vouched:
                 copied = copy(self._git, self.workspace, vouched, plan.stats, deadline)
                 if copied:
                     self._how = "seeded"
-                lost = {path: k for path, k in vouched.items() if path not in copied}
+                lost = {path: known(entry) for path, entry in vouched.items() if path not in copied}
                 if lost:
                     rehashed, more = self._rehash(pack, lost, deadline)
-                    known.update(rehashed)
+                    found.update(rehashed)
                     problems += more
-                known.update((path, vouched[path]) for path in copied)
-            tree = write_trees(pack, {path: (k.mode, k.oid) for path, k in known.items()})
+                with gc_paused():
+                    found.update((path, known(vouched[path])) for path in copied)
+            with gc_paused():
+                tree = write_trees(pack, {path: (k.mode, k.oid) for path, k in found.items()})
             pack.finish(deadline)
-        index = gitindex.write((os.fsencode(path), k.oid, k.stat) for path, k in known.items())
+        with gc_paused():
+            index = gitindex.write((os.fsencode(path), k.oid, k.stat) for path, k in found.items())
         scratch = self._git.index.with_name(f".{self._git.index.name}.{secrets.token_hex(4)}.tmp")
         scratch.write_bytes(index)
         scratch.replace(self._git.index)

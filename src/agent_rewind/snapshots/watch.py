@@ -30,7 +30,6 @@ Not thread-safe: the store calls it under its own lock.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
@@ -231,16 +230,18 @@ class Watch:
                 entries = list(os.scandir(full))
             except OSError:
                 continue
-            for entry in entries:
+            for entry in entries:  # a first snapshot's: every directory of the workspace
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                except OSError:
+                    continue
                 name = os.fsdecode(entry.name)
                 if name == ".git":
                     continue
                 child = f"{rel}/{name}" if rel else name
-                if child in skip:
-                    continue
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(child)
+                if child not in skip:
+                    pending.append(child)
         return budget
 
     def _drain(self) -> None:

@@ -598,3 +598,45 @@ def test_a_store_killed_mid_copy_leaves_no_snapshot_and_the_next_first_take_star
     assert store.first
     again = store.take()
     assert again.complete and again.how == "seeded" and again.tree == reference
+
+
+def test_a_path_twice_in_the_index_is_trusted_neither_time(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    index = ws / ".git/index"
+    entries = gitindex.parse(index.read_bytes())
+    twice = next(e for e in entries if e.path == b"README.md")
+    rows = [(e.path, e.oid, e.stat) for e in entries]
+    data = gitindex.write(rows)
+    # gitindex.write sorts and writes each path once: add the second entry by hand.
+    body = bytearray(data[:-20])
+    body[8:12] = (len(entries) + 1).to_bytes(4, "big")
+    extra = gitindex.write([(twice.path, _blob(ws, b"forged\n"), twice.stat)])[12:-20]
+    body += extra  # after every other entry: out of order, as only a forged index is
+    index.write_bytes(bytes(body) + hashlib.sha1(bytes(body)).digest())
+    found, _ = read_index(ws)
+    assert "README.md" not in found and "run.sh" in found
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert hashed == ["README.md"]
+
+
+def test_the_cycle_collector_paused_is_back_on_after_the_last_pause() -> None:
+    import gc
+
+    from agent_rewind.snapshots.scan import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause goes on
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
