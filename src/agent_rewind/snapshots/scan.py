@@ -96,9 +96,11 @@ _resume = False
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cycle collector off while a first snapshot makes an object or a few per file
-    (100,000 index entries, stat results, paths): else it walks the growing heap again and
-    again, about half the cost of parsing an index. Nested and concurrent uses are counted: the
-    last to leave turns it back on, if it was on. Nothing made here holds a cycle."""
+    (100,000 index entries, stat results, paths, hashed files): else it walks the growing heap
+    again and again, about half the cost of parsing an index, a sixth of hashing every file in a
+    server's heap. Process-wide: cycles made meanwhile elsewhere wait (a first snapshot's few
+    seconds) for the collector's next run. Nested and concurrent uses are counted: the last to
+    leave turns it back on, if it was on. Nothing made here holds a cycle."""
     global _paused, _resume
     with _paused_lock:
         if _paused == 0:

@@ -228,7 +228,10 @@ class SnapshotStore:
             return
         self._read_quiet = self._watch is not None and self._watch.quiet()
         self._released = True
-        done()
+        try:
+            done()
+        except Exception as err:  # the caller's (a closed event loop): the take goes on
+            log.warning("a snapshot's on_read failed", error=str(err))
 
     def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
         self._git.init()
@@ -462,7 +465,8 @@ class SnapshotStore:
                 *plan.problems,
             ]
         with PackWriter(self._git) as pack:
-            found, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
+            with gc_paused():
+                found, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
             self._read()
             if vouched:
                 copied = copy(self._git, self.workspace, vouched, plan.stats, deadline)
@@ -506,7 +510,8 @@ class SnapshotStore:
             ):
                 hashed.pop(path, None)
                 problems.append(
-                    f"changed meanwhile: {path} (its blob was not in the workspace's git, and it may have changed since it was read)"
+                    f"changed meanwhile: {path} (its blob was not in the workspace's git, and it "
+                    "may have changed since it was read)"
                 )
         return hashed, problems
 

@@ -640,3 +640,15 @@ def test_the_cycle_collector_paused_is_back_on_after_the_last_pause() -> None:
         assert not gc.isenabled()  # off before: left off
     finally:
         gc.enable()
+
+
+def test_an_on_read_that_fails_does_not_stop_the_take(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore]
+) -> None:
+    def closed() -> None:
+        raise RuntimeError("Event loop is closed")  # what a server stopping meanwhile raises
+
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    _, snapshot, read = _take_released(tmp_path, ws, stores, closed)
+    assert len(read) == 1
+    assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference
