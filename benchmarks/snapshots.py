@@ -4,7 +4,7 @@ Each workspace is generated here: `.gitignore`, `README.md`, `package.json` and 
 a few hundred bytes of code-like text, 20 to a directory, under `src/pkgNNN/modNNN/`, to the
 size wanted (every one of them is what a snapshot holds); plus a `node_modules/` tree of
 IGNORED files that the `.gitignore` names, so a snapshot must skip it. The same seed gives the
-same content. Four rows, each measured side by side in one run:
+same content. Five rows, each measured side by side in one run:
 
 1. `SnapshotStore.take()` after 3 files changed (rewritten, untimed), on the 1,000-file and the
    20,000-file workspace, interleaved round by round, by a store watching its workspace (as the
@@ -27,14 +27,22 @@ same content. Four rows, each measured side by side in one run:
    giving the next round its point. Every result must come from the source its row names.
 
 5. The first snapshot of a 100,000-file workspace (FIRST files, each a new store's first
-   `take()`, watching its workspace as the server runs it): a git checkout of it (committed and packed, as a clone is: the snapshot is seeded
-   from its index and objects, `snapshots.seed`) against the same files without git (every file
-   hashed, in parallel, into one pack), interleaved, side by side with row 1's first takes at
-   20,000 files. Checked: both are complete and record the same tree, holding exactly the
-   generated files, and the checkout's was seeded. The two workspaces are generated once and
-   kept under CACHE (only read here), as building the checkout takes a minute; every file of
-   both is read once, untimed, before the rounds. Each take may run FIRST_TIMEOUT_S (not the
-   default 30 s), so a slow one is measured rather than cut short.
+   `take()`, watching its workspace as the server runs it): a git checkout of it (committed and
+   packed, as a clone is: the snapshot is seeded from its index and objects, `snapshots.seed`)
+   against the same files without git (every file hashed, in parallel, into one pack),
+   interleaved, side by side with row 1's first takes at 20,000 files. Two times per take:
+   - "first git" / "first plain": until the take has read the workspace (`take`'s `on_read`),
+     which is what the session's first turn waits for (`sessions.snapshotting`): the lstat of
+     every file, the trust decision against the checkout's index, the hashing of the files it
+     does not vouch for. The targets judge these.
+   - "... complete": until `take()` returns, complete: the checkout's blobs copied and checked,
+     the trees, the pack and the store's index written. Only then is the snapshot recorded, and
+     the first point's `snapshot_available` true; the turn runs meanwhile.
+   Checked: both are complete and record the same tree, holding exactly the generated files,
+   and the checkout's was seeded. The two workspaces are generated once and kept under CACHE
+   (only read here), as building the checkout takes a minute; every file of both is read once,
+   untimed, before the rounds. Each take may run FIRST_TIMEOUT_S (not the default 30 s), so a
+   slow one is measured rather than cut short.
 
 Set-up is untimed: the first turn with snapshots on (which hashes its whole workspace in the
 server's snapshot threads) runs while the other workspaces are generated; row 1 runs with the
@@ -97,8 +105,8 @@ MAX_TAKE_GROWTH = 2.0  # 1. take at LARGE / take at SMALL
 MAX_TURN_COST_S = 2 * MAX_TAKE_S  # 2. what a turn's two snapshots add
 MAX_DISK_RATIO = 4.0  # 3. disk added per turn / bytes the turn wrote
 MAX_REWIND_RATIO = 2.0  # 4. files Rewind from a snapshot / from a CLI checkpoint
-MAX_FIRST_GIT_S = 1.0  # 5. first take of a FIRST-file git checkout
-MAX_FIRST_PLAIN_S = 10.0  # 5. first take of FIRST files without git
+MAX_FIRST_GIT_S = 1.0  # 5. first take of a FIRST-file git checkout, until the turn may start
+MAX_FIRST_PLAIN_S = 10.0  # 5. first take of FIRST files without git, until the turn may start
 
 TIMEOUT_S = 600.0  # with row 5, whose workspaces take a minute to build the first time
 SNAPSHOT = rewind_pb2.FILES_SOURCE_SNAPSHOT
@@ -341,8 +349,9 @@ def _first_measure(work: Path, workspace: Workspace, name: str, seeded: bool, tr
         # As the server runs it (watching), with room to measure past the 30 s default timeout.
         store = SnapshotStore(repo, workspace.root, Limits(timeout_s=FIRST_TIMEOUT_S), watch=True)
         try:
+            read: list[float] = []
             start = time.perf_counter()
-            snap = store.take()
+            snap = store.take(on_read=lambda: read.append(time.perf_counter()))
             seconds = time.perf_counter() - start
             if not snap.complete or snap.tree is None:
                 raise RuntimeError(f"{name}: the first snapshot is incomplete: {snap.reason}")
@@ -355,7 +364,7 @@ def _first_measure(work: Path, workspace: Workspace, name: str, seeded: bool, tr
         finally:
             store.close()
             shutil.rmtree(repo, ignore_errors=True)
-        return {name: seconds}
+        return {name: read[0] - start, f"{name} complete": seconds}
 
     return measure
 
@@ -704,8 +713,20 @@ def _report(results: Results, plan: Plan) -> Report:
     row("4", f"files Rewind from a snapshot, {SMALL:,} files", rewinds, "rewind snapshot")
     row("4", f"files Rewind from a CLI checkpoint, {SMALL:,} files", rewinds, "rewind checkpoint")
     first = results.first
-    row("5", f"first take, a git checkout of {FIRST:,} files (seeded from its git)", first, "first git")
-    row("5", f"first take, the same {FIRST:,} files without git (all hashed)", first, "first plain")
+    row(
+        "5",
+        f"first take, a git checkout of {FIRST:,} files (seeded), until the turn may start",
+        first,
+        "first git",
+    )
+    row("5", "  the same take until complete (recorded; snapshot_available)", first, "first git complete")
+    row(
+        "5",
+        f"first take, the same {FIRST:,} files without git (all hashed), until the turn may start",
+        first,
+        "first plain",
+    )
+    row("5", "  the same take until complete (recorded; snapshot_available)", first, "first plain complete")
 
     small, large = sides[0], sides[-1]
     take_large, take_small = store.med(f"take {large.size}"), store.med(f"take {small.size}")
@@ -753,14 +774,16 @@ def _report(results: Results, plan: Plan) -> Report:
     first_git, first_plain = first.med("first git"), first.med("first plain")
     report.targets.append(
         Target(
-            f"5. first take of a {FIRST:,}-file git checkout: median at most {fmt_time(MAX_FIRST_GIT_S)}",
+            f"5. first take of a {FIRST:,}-file git checkout, until the turn may start: median at most "
+            f"{fmt_time(MAX_FIRST_GIT_S)}",
             first_git <= MAX_FIRST_GIT_S,
             f"{fmt_time(first_git)} over {first.n('first git')} takes",
         )
     )
     report.targets.append(
         Target(
-            f"5. first take of {FIRST:,} files without git: median at most {fmt_time(MAX_FIRST_PLAIN_S)}",
+            f"5. first take of {FIRST:,} files without git, until the turn may start: median at most "
+            f"{fmt_time(MAX_FIRST_PLAIN_S)}",
             first_plain <= MAX_FIRST_PLAIN_S,
             f"{fmt_time(first_plain)} over {first.n('first plain')} takes",
         )
@@ -790,8 +813,10 @@ def _report(results: Results, plan: Plan) -> Report:
     )
     report.infos.append(
         f"5. first takes: {FIRST:,} files, git checkout / without git: {fmt_time(first_git)} / "
-        f"{fmt_time(first_plain)}; at {large.size:,} files without git {fmt_time(large.first_s)} "
-        f"({fmt_time(large.first_s * FIRST / large.size)} scaled to {FIRST:,})"
+        f"{fmt_time(first_plain)} until the turn may start, {fmt_time(first.med('first git complete'))} / "
+        f"{fmt_time(first.med('first plain complete'))} until complete (the turn runs meanwhile; the point "
+        f"has its snapshot from then); at {large.size:,} files without git {fmt_time(large.first_s)} "
+        f"({fmt_time(large.first_s * FIRST / large.size)} scaled to {FIRST:,}, until complete)"
     )
     if git:
         report.infos.append(

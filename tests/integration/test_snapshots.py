@@ -360,11 +360,11 @@ async def test_one_sessions_slow_snapshot_never_delays_another_session(
     release = threading.Event()
     original = SnapshotStore.take
 
-    def take(self: SnapshotStore) -> Any:
+    def take(self: SnapshotStore, *args: Any, **kwargs: Any) -> Any:  # a first take has a bound, on_read
         if slow_workspace and self.workspace == slow_workspace[0]:
             taking.set()
             release.wait(30)  # a huge workspace, as long as the test likes
-        return original(self)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(SnapshotStore, "take", take)
     async with serve(tmp_path, workspace_snapshots=True) as c:

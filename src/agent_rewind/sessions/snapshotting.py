@@ -8,13 +8,16 @@ A snapshot that fails or hits a bound is recorded as incomplete, with the reason
 success, never a failed turn.
 
 A session's first snapshot reads every file (`SnapshotStore.first`), which in a big workspace
-can take longer than a turn should wait. Its turn waits at most `--snapshot-timeout`; past it the
-prompt goes on and the snapshot goes on in the background (up to BACKGROUND_TIMES the bound),
-recorded when it ends: until then the point has no snapshot (`snapshot_available` false), then
-it has one. It is recorded complete only if the workspace's watch vouches that nothing changed
-since it began (`SnapshotStore.quiet`): else it could hold some of the agent's first edits, and
-it is recorded incomplete. Every later take of the session waits for it first (the ledger keeps
-the order snapshots were taken in).
+can take longer than a turn should wait. Its turn waits until the take has read the workspace
+(`SnapshotStore.take`'s `on_read`: a git checkout's first take goes on copying blobs from the
+workspace's own git after that, which the turn's edits no longer change), for at most
+`--snapshot-timeout`; then the prompt goes on and the snapshot goes on in the background (up to
+BACKGROUND_TIMES the bound), recorded when it ends: until then the point has no snapshot
+(`snapshot_available` false), then it has one. One whose reading went past the bound is recorded
+complete only if the workspace's watch vouches that nothing changed while it read
+(`SnapshotStore.quiet`): else it could hold some of the agent's first edits, and it is recorded
+incomplete. Every later take of the session waits for it first (the ledger keeps the order
+snapshots were taken in).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -160,9 +163,22 @@ class Snapshots:
         background; the module docstring says how it is judged). None when not recorded (yet)."""
         store = self._live_store(session_id, cwd)
         bound = self.limits.timeout_s
-        work = asyncio.ensure_future(self.run(lambda: _take(store, session_id, bound * BACKGROUND_TIMES)))
-        done, _ = await asyncio.wait({work}, timeout=bound)
-        if done:
+        loop = asyncio.get_running_loop()
+        read: asyncio.Future[None] = loop.create_future()
+
+        def set_read() -> None:
+            if not read.done():
+                read.set_result(None)
+
+        def on_read() -> None:  # in the snapshot thread
+            loop.call_soon_threadsafe(set_read)
+
+        work = asyncio.ensure_future(
+            self.run(lambda: _take(store, session_id, bound * BACKGROUND_TIMES, on_read))
+        )
+        waited: set[asyncio.Future[Any]] = {work, read}
+        await asyncio.wait(waited, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
             try:
                 snapshot = work.result()
             except Exception as err:
@@ -170,10 +186,14 @@ class Snapshots:
             _count(snapshot)
             return await self._record_logged(session_id, kind, ref, snapshot)
         log.info(
-            "the first workspace snapshot goes on in the background", session_id=session_id, bound_s=bound
+            "the first workspace snapshot goes on in the background",
+            session_id=session_id,
+            bound_s=bound,
+            read=read.done(),
         )
         task = tasks.detach(
-            self._finish_first(session_id, kind, ref, store, work), name=f"first-snapshot-{session_id}"
+            self._finish_first(session_id, kind, ref, store, work, read_in_time=read.done()),
+            name=f"first-snapshot-{session_id}",
         )
         self._pending[session_id] = task
 
@@ -185,13 +205,23 @@ class Snapshots:
         return None
 
     async def _finish_first(
-        self, session_id: str, kind: str, ref: str, store: SnapshotStore, work: asyncio.Future[Snapshot]
+        self,
+        session_id: str,
+        kind: str,
+        ref: str,
+        store: SnapshotStore,
+        work: asyncio.Future[Snapshot],
+        *,
+        read_in_time: bool,
     ) -> None:
+        """Records a first snapshot going on in the background when it ends. `read_in_time`: it
+        had read the workspace before the turn went on (as a take within the bound, it holds
+        the workspace before the turn's first edit); else the watch must vouch for it."""
         try:
             snapshot = await work
         except Exception as err:
             snapshot = _failed(session_id, err)
-        if snapshot.complete:
+        if snapshot.complete and not read_in_time:
             try:
                 quiet = await self.run(store.quiet)
             except Exception:  # cannot tell: not vouched for
@@ -322,10 +352,18 @@ class Snapshots:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _take(store: SnapshotStore, session_id: str, timeout_s: float | None = None) -> Snapshot:
+def _take(
+    store: SnapshotStore,
+    session_id: str,
+    timeout_s: float | None = None,
+    on_read: Callable[[], None] | None = None,
+) -> Snapshot:
     """A take, in a snapshot thread, in a span: how it was taken and whether it is complete (not
     its reason, which may name a path)."""
     with tracing.span("snapshot.take", session_id=session_id) as span:
-        snapshot = store.take() if timeout_s is None else store.take(timeout_s)
+        if on_read is not None:
+            snapshot = store.take(timeout_s, on_read=on_read)
+        else:
+            snapshot = store.take() if timeout_s is None else store.take(timeout_s)
         span.set(how=snapshot.how or "failed", complete=snapshot.complete)
         return snapshot

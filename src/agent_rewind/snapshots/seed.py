@@ -4,7 +4,8 @@ A first snapshot must record every file. When the workspace is a git checkout, i
 already names the blob of each tracked file together with the stat data the file had when git
 last hashed it, and its object store holds those blobs: a file whose stat data still match its
 entry need not be read again. This module finds, for the paths a first snapshot records, those
-that can be taken from there, and copies their blobs into the store's repository, verified.
+that can be taken from there (`trusted_files`), and copies their blobs into the store's
+repository, verified (`copy`).
 
 The workspace is the agent's: everything in its `.git` may be forged. So:
 
@@ -25,6 +26,11 @@ The workspace is the agent's: everything in its `.git` may be forged. So:
   every object by the hash of its content, so a forged or damaged object cannot land under the id
   the index claims. The blob must be a blob of exactly the file's size. A file whose blob is
   missing, of another kind or size, or did not arrive under its id is hashed from disk.
+- The trust decision (`trusted_files`) is what depends on the files; the copy (`copy`) comes
+  after, while the agent's turn may already run (`SnapshotStore.take`'s `on_read`): so `.git` and
+  its objects are checked again right before git reads them, and a file whose blob is then
+  missing is hashed from disk only if the store's watch saw no change to it and its stat data
+  are still those trusted (else the snapshot is incomplete, never silently wrong).
 
 What stays trusted is what git itself trusts: a file whose stat data equal its entry's holds that
 entry's blob. Someone who can write the workspace can make such an entry (copying a file's stat
@@ -40,6 +46,7 @@ import re
 import stat
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -53,6 +60,7 @@ from agent_rewind.snapshots.errors import GitTimeout, SnapshotError, UnsafePath
 from agent_rewind.snapshots.files import MODE_EXECUTABLE, MODE_FILE, MODE_SYMLINK, _open_root
 from agent_rewind.snapshots.git import Git
 from agent_rewind.snapshots.gitindex import IndexEntry, Stat
+from agent_rewind.snapshots.scan import gc_paused
 
 log = structlog.get_logger(__name__)
 
@@ -72,7 +80,7 @@ _MODES = {
 _OID = re.compile(rb"\b[0-9a-f]{40}\b")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Known:
     """A path of the first snapshot: its git mode, blob id, and the stat data to index it with."""
 
@@ -92,65 +100,89 @@ def git_mode(info: os.stat_result) -> int:
     return gitindex.MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else gitindex.MODE_FILE
 
 
-def seed(
-    git: Git,
+def trusted_files(
     workspace: Path,
     stats: Mapping[str, os.stat_result],
-    deadline: float,
     index: Future[tuple[dict[str, IndexEntry], int]] | None = None,
-) -> dict[str, Known]:
-    """The paths of `stats` (each with its lstat) whose blob was copied from the workspace's git
-    into the store's repository; {} when the workspace is not a usable git checkout. Never raises
-    for the workspace's content; GitTimeout past the deadline. `index`: `read_index` of the
-    workspace, started earlier (in a thread, while git lists the workspace)."""
+) -> dict[str, IndexEntry]:
+    """The paths of `stats` (each with its lstat) whose file holds the blob its entry in the
+    workspace's index names (`trusted`), with that entry (`known` makes what the snapshot keeps
+    of it); {} when the workspace is not a usable git checkout.
+    Nothing is copied yet (`copy`). Never raises for the workspace's content. `index`:
+    `read_index` of the workspace, started earlier (in a thread, while git lists the workspace)."""
     try:
         entries, index_mtime_ns = index.result() if index is not None else read_index(workspace)
     except (NotSeedable, OSError) as err:
         if str(err):
             log.info("first snapshot not seeded from git", workspace=str(workspace), why=str(err))
         return {}
-    candidates: dict[str, Known] = {}
-    sizes: dict[str, int] = {}
-    for path, info in stats.items():
-        entry = entries.get(path)
-        if entry is None or not trusted(entry, info, index_mtime_ns):
-            continue
-        # Its stat data are the file's (`trusted` compared them): the store's index keeps them.
-        candidates[path] = Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
-        sizes[entry.oid] = info.st_size
-    if not candidates:
-        return {}
-    if time.monotonic() > deadline:
-        raise GitTimeout("the deadline passed while reading the workspace's index")
+    get = entries.get
+    found: dict[str, IndexEntry] = {}
+    for path, info in stats.items():  # once per file: kept lean
+        entry = get(path)
+        if entry is not None and trusted(entry, info, index_mtime_ns):
+            found[path] = entry
+    return found
+
+
+def known(entry: IndexEntry) -> Known:
+    """What the snapshot keeps of a trusted entry: its stat data are the file's (`trusted`
+    compared them), so the store's index keeps them."""
+    return Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
+
+
+def copy(
+    git: Git,
+    workspace: Path,
+    entries: Mapping[str, IndexEntry],
+    stats: Mapping[str, os.stat_result],
+    deadline: float,
+) -> set[str]:
+    """Copies the blobs of `entries` (`trusted_files`: each a blob of the size its file had in
+    `stats`) from the workspace's object directory into the store's repository, verified; the
+    paths whose blob arrived. The
+    directory is checked again first (the agent may have changed it since its index was read);
+    a workspace whose git cannot be used now copies nothing. GitTimeout past the deadline."""
+    sizes = {entry.oid: stats[path].st_size for path, entry in entries.items()}
+    if not sizes:
+        return set()
     try:
+        check_objects(workspace)
         copied = copy_blobs(git, workspace / ".git" / "objects", sizes, deadline)
     except GitTimeout:
         raise
-    except (SnapshotError, OSError) as err:
+    except (NotSeedable, SnapshotError, OSError) as err:
         log.warning("first snapshot not seeded: the blobs could not be copied", error=str(err))
-        return {}
-    return {path: known for path, known in candidates.items() if known.oid in copied}
+        return set()
+    return {path for path, entry in entries.items() if entry.oid in copied}
 
 
 def trusted(entry: IndexEntry, info: os.stat_result, index_mtime_ns: int) -> bool:
-    """Whether the entry's blob is what the file holds, by git's own rule: the stat data equal,
-    and the entry not racily clean."""
+    """Whether the entry's blob is what the file holds, by git's own rule: the stat data equal
+    (all but the device, as git compares them), and the entry not racily clean. Runs once per
+    file of a first snapshot: one comparison of tuples."""
     if entry.flags & _UNUSABLE or entry.extended & _UNUSABLE_EXTENDED:
         return False
-    recorded = entry.stat
-    if recorded.mode not in _MODES or recorded.mode != git_mode(info):
+    mtime_ns = info.st_mtime_ns
+    if mtime_ns >= index_mtime_ns:
         return False
-    mtime, ctime = divmod(info.st_mtime_ns, 1_000_000_000), divmod(info.st_ctime_ns, 1_000_000_000)
-    return (
-        recorded.size == info.st_size & 0xFFFFFFFF
-        and recorded.mtime_s == mtime[0] & 0xFFFFFFFF
-        and recorded.mtime_ns == mtime[1]
-        and recorded.ctime_s == ctime[0] & 0xFFFFFFFF
-        and recorded.ctime_ns == ctime[1]
-        and recorded.ino == info.st_ino & 0xFFFFFFFF
-        and recorded.uid == info.st_uid & 0xFFFFFFFF
-        and recorded.gid == info.st_gid & 0xFFFFFFFF
-        and info.st_mtime_ns < index_mtime_ns
+    recorded = entry.stat
+    ctime_ns, mode = info.st_ctime_ns, info.st_mode
+    return recorded == (
+        (ctime_ns // 1_000_000_000) & 0xFFFFFFFF,
+        ctime_ns % 1_000_000_000,
+        (mtime_ns // 1_000_000_000) & 0xFFFFFFFF,
+        mtime_ns % 1_000_000_000,
+        recorded.dev,
+        info.st_ino & 0xFFFFFFFF,
+        gitindex.MODE_SYMLINK
+        if stat.S_ISLNK(mode)
+        else gitindex.MODE_EXECUTABLE
+        if mode & stat.S_IXUSR
+        else gitindex.MODE_FILE,
+        info.st_uid & 0xFFFFFFFF,
+        info.st_gid & 0xFFFFFFFF,
+        info.st_size & 0xFFFFFFFF,
     )
 
 
@@ -175,20 +207,41 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
             os.close(dot_git)
     finally:
         os.close(root)
-    try:
-        parsed = gitindex.parse(data)
-    except (gitindex.BadIndex, struct.error, ValueError) as err:
-        raise NotSeedable(f".git/index cannot be used: {err}") from err
-    entries: dict[str, IndexEntry] = {}
-    twice: set[str] = set()
-    for entry in parsed:
-        path = os.fsdecode(entry.path)
-        if path in entries:
-            twice.add(path)
-        entries[path] = entry
-    for path in twice:  # a forged index: trust neither
-        del entries[path]
+    with gc_paused():
+        try:
+            parsed = gitindex.parse(data)
+        except (gitindex.BadIndex, struct.error, ValueError) as err:
+            raise NotSeedable(f".git/index cannot be used: {err}") from err
+        encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # as fsdecode
+        entries = {entry.path.decode(encoding, errors): entry for entry in parsed}
+        if len(entries) < len(parsed):  # a path twice: a forged index, trust neither
+            seen: set[str] = set()
+            for entry in parsed:
+                path = entry.path.decode(encoding, errors)
+                if path in seen:
+                    entries.pop(path, None)
+                seen.add(path)
     return entries, mtime_ns
+
+
+def check_objects(workspace: Path) -> None:
+    """NotSeedable unless the workspace's `.git` (a directory of its own) and its objects are
+    as `read_index` requires them."""
+    try:
+        root = _open_root(workspace)
+    except (OSError, UnsafePath) as err:
+        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
+    try:
+        try:
+            dot_git = os.open(".git", _DIR, dir_fd=root)
+        except OSError as err:
+            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
+        try:
+            _check_objects(dot_git)
+        finally:
+            os.close(dot_git)
+    finally:
+        os.close(root)
 
 
 def _check_objects(dot_git: int) -> None:

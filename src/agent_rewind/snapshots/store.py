@@ -56,13 +56,14 @@ from agent_rewind.snapshots.compare import DEFAULT_DIFF_BYTES, Change, ChangeKin
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, RestoreError, SnapshotError, UnsafePath
 from agent_rewind.snapshots.files import Entry, Workspace, split
 from agent_rewind.snapshots.git import Git
-from agent_rewind.snapshots.gitindex import IndexEntry
+from agent_rewind.snapshots.gitindex import IndexEntry, Stat
 from agent_rewind.snapshots.objects import MODE_TREE, Objects
 from agent_rewind.snapshots.packs import PackWriter, write_trees
 from agent_rewind.snapshots.restore import restore_paths
 from agent_rewind.snapshots.scan import (
     Plan,
     capturable,
+    gc_paused,
     index_plan,
     listed_paths,
     nested_files,
@@ -70,7 +71,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
-from agent_rewind.snapshots.seed import read_index, seed
+from agent_rewind.snapshots.seed import Known, copy, known, read_index, trusted_files
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
@@ -152,6 +153,11 @@ class SnapshotStore:
         # The tree the index held after the last complete snapshot, while the watch has seen
         # every change since; None when the next snapshot must scan the whole workspace.
         self._tree: str | None = None
+        # The current take's `on_read` until it is called; whether it was; whether the watch
+        # had seen nothing change when the last take had read the workspace.
+        self._on_read: Callable[[], None] | None = None
+        self._released = False
+        self._read_quiet = False
 
     def close(self) -> None:
         """Stops watching the workspace (the next snapshot scans it; the store stays usable)."""
@@ -168,22 +174,33 @@ class SnapshotStore:
         (or takes them from the workspace's own git)."""
         return not self._git.index.exists()
 
-    def take(self, timeout_s: float | None = None) -> Snapshot:
+    def take(self, timeout_s: float | None = None, on_read: Callable[[], None] | None = None) -> Snapshot:
         """Records the workspace as it is now. Never raises for the workspace's content: a
         failure, a bound or the timeout (`timeout_s`, else the limits') gives an incomplete
-        snapshot saying why."""
+        snapshot saying why.
+
+        `on_read` is called (once, in this thread, under the store's lock) when the take has read
+        the workspace: what it records no longer depends on the workspace's files, which may
+        change from then on (the caller's turn may start). A first take then goes on copying
+        the blobs the workspace's own git vouched for (`seed`) and writing its trees and index:
+        a file whose blob turns out lost meanwhile is hashed from disk only if the watch saw it
+        unchanged and its stat data are still those vouched for; else the snapshot is
+        incomplete. Any other take calls it as it ends."""
         started = time.monotonic()
         bound = self.limits.timeout_s if timeout_s is None else timeout_s
         tree: str | None = None
         with self._lock:
             self._how = ""
             self._tree, last = None, self._tree  # until this snapshot is known to be complete
+            self._on_read, self._released, self._read_quiet = on_read, False, False
             try:
                 tree, problems = self._take(started + bound, last)
             except GitTimeout:
                 problems = [f"timeout: the snapshot took over {bound:g} s"]
             except (SnapshotError, OSError) as err:
                 problems = [f"error: {err}"]
+            finally:
+                self._read()
             if tree is not None and not problems and self._watch is not None and self._watch.watching:
                 self._tree = tree
             how = self._how
@@ -196,12 +213,25 @@ class SnapshotStore:
         )
 
     def quiet(self) -> bool:
-        """Whether the watch vouches that nothing in the workspace changed since the last take
-        began: that take was complete and the watch has seen nothing since it started. A
-        snapshot that went on while the agent ran is the workspace as it was at its start only
-        then. False without a watch."""
+        """Whether the watch vouches that nothing in the workspace changed while the last take
+        read it: that take was complete and the watch had seen nothing from its start until it
+        had read the workspace (`take`'s `on_read`). A snapshot that went on while the agent ran
+        is the workspace as it was at its start only then. False without a watch."""
         with self._lock:
-            return self._tree is not None and self._watch is not None and self._watch.quiet()
+            return self._tree is not None and self._read_quiet
+
+    def _read(self) -> None:
+        """The current take has read the workspace: notes whether the watch saw it unchanged
+        meanwhile, and tells the caller (`on_read`), once."""
+        done, self._on_read = self._on_read, None
+        if done is None:
+            return
+        self._read_quiet = self._watch is not None and self._watch.quiet()
+        self._released = True
+        try:
+            done()
+        except Exception as err:  # the caller's (a closed event loop): the take goes on
+            log.warning("a snapshot's on_read failed", error=str(err))
 
     def _take(self, deadline: float, last: str | None) -> tuple[str | None, list[str]]:
         self._git.init()
@@ -380,11 +410,12 @@ class SnapshotStore:
         nothing: every file is new (`_record_first`)."""
         untracked: list[str] = []
         nested: list[str] = []
-        for path in listed_paths(others):
-            (nested if path.endswith("/") else untracked).append(path)
-        if nested:
-            untracked += nested_files(self._git, self.workspace, nested, deadline)
-        plan = index_plan(self.workspace, listed_paths(changed), untracked, self.limits.max_file_bytes)
+        with gc_paused() if fresh else contextlib.nullcontext():  # an object or two per file
+            for path in listed_paths(others):
+                (nested if path.endswith("/") else untracked).append(path)
+            if nested:
+                untracked += nested_files(self._git, self.workspace, nested, deadline)
+            plan = index_plan(self.workspace, listed_paths(changed), untracked, self.limits.max_file_bytes)
         if fresh and not plan.drop:
             return self._record_first(plan, deadline)
         if plan.added_bytes > self.limits.max_total_bytes:
@@ -417,28 +448,72 @@ class SnapshotStore:
         """The first snapshot: the index is written here, whole. Files the workspace's own git
         knows unchanged are taken from it (`seed`); the others are hashed into one pack
         (`bulk`), rather than one loose object each. The index gets every file's stat data, so
-        the next scan hashes only what changed since."""
+        the next scan hashes only what changed since.
+
+        Only what depends on the files comes before `on_read` (`take`): their lstat (the scan),
+        which the workspace's index vouches for, and the hashing of the others. The copy of the
+        vouched-for blobs from the workspace's git, the trees, the pack and the index come
+        after, while the files may change."""
         parsed, self._workspace_index = self._workspace_index, None
-        known = seed(self._git, self.workspace, plan.stats, deadline, parsed)
-        rest = [path for path in plan.update if path not in known]
+        with gc_paused():
+            vouched = trusted_files(self.workspace, plan.stats, parsed)
+        rest = [path for path in plan.update if path not in vouched]
         hashing = sum(plan.stats[path].st_size for path in rest)
         if hashing > self.limits.max_total_bytes:
             return None, [
                 f"total over {self.limits.max_total_bytes} bytes: {hashing} bytes changed",
                 *plan.problems,
             ]
-        if known:
-            self._how = "seeded"
         with PackWriter(self._git) as pack:
-            hashed, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
-            known.update(hashed)
-            tree = write_trees(pack, {path: (k.mode, k.oid) for path, k in known.items()})
+            with gc_paused():
+                found, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
+            self._read()
+            if vouched:
+                copied = copy(self._git, self.workspace, vouched, plan.stats, deadline)
+                if copied:
+                    self._how = "seeded"
+                lost = {path: known(entry) for path, entry in vouched.items() if path not in copied}
+                if lost:
+                    rehashed, more = self._rehash(pack, lost, deadline)
+                    found.update(rehashed)
+                    problems += more
+                with gc_paused():
+                    found.update((path, known(vouched[path])) for path in copied)
+            with gc_paused():
+                tree = write_trees(pack, {path: (k.mode, k.oid) for path, k in found.items()})
             pack.finish(deadline)
-        index = gitindex.write((os.fsencode(path), k.oid, k.stat) for path, k in known.items())
+        with gc_paused():
+            index = gitindex.write((os.fsencode(path), k.oid, k.stat) for path, k in found.items())
         scratch = self._git.index.with_name(f".{self._git.index.name}.{secrets.token_hex(4)}.tmp")
         scratch.write_bytes(index)
         scratch.replace(self._git.index)
         return tree, [*plan.problems, *problems]
+
+    def _rehash(
+        self, pack: PackWriter, lost: dict[str, Known], deadline: float
+    ) -> tuple[dict[str, Known], list[str]]:
+        """The vouched-for files whose blob did not arrive from the workspace's git (missing,
+        damaged, or the git unusable now), hashed from disk. Once the caller went on
+        (`on_read`), a file may be kept only if the watch saw no change to it and the stat data
+        it was read with are those vouched for: any other makes the snapshot incomplete."""
+        hashed, problems = hash_files(pack, self.workspace, list(lost), self.limits.max_file_bytes, deadline)
+        if not self._released:
+            return hashed, problems
+        watch = self._watch
+        for path, vouched in lost.items():
+            found = hashed.get(path)
+            if (
+                found is None
+                or not _same_stat(found.stat, vouched.stat)
+                or watch is None
+                or not watch.unchanged(path)
+            ):
+                hashed.pop(path, None)
+                problems.append(
+                    f"changed meanwhile: {path} (its blob was not in the workspace's git, and it "
+                    "may have changed since it was read)"
+                )
+        return hashed, problems
 
     def _scan(self, deadline: float, paths: Iterable[str] | None = None) -> tuple[bytes, bytes]:
         """The tracked paths whose stat data changed, and the untracked ones (not ignored): of
@@ -625,6 +700,11 @@ def _background(work: Callable[[Path], T], arg: Path) -> Future[T]:
 
     threading.Thread(target=run, name="snapshot-read-index", daemon=True).start()
     return future
+
+
+def _same_stat(a: Stat, b: Stat) -> bool:
+    """The stat data git compares (all but the device) are equal."""
+    return a._replace(dev=0) == b._replace(dev=0)
 
 
 def _summary(problems: Sequence[str], shown: int = 3) -> str:

@@ -30,7 +30,6 @@ Not thread-safe: the store calls it under its own lock.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
@@ -180,6 +179,18 @@ class Watch:
         self._drain()
         return self._trusted and not self._changed
 
+    def unchanged(self, path: str) -> bool:
+        """Whether the watch vouches that nothing changed at `path` (a relative path), nor at a
+        directory above it, since the last `changed()` or `start()` (False when it cannot say).
+        Hands nothing over."""
+        if self._fd < 0:
+            return False
+        self._drain()
+        if not self._trusted:
+            return False
+        parts = path.split("/")
+        return not any("/".join(parts[:depth]) in self._changed for depth in range(1, len(parts) + 1))
+
     def distrust(self) -> None:
         """The next `changed()` returns None: the caller lost what it was last told."""
         self._trusted = False
@@ -219,16 +230,18 @@ class Watch:
                 entries = list(os.scandir(full))
             except OSError:
                 continue
-            for entry in entries:
+            for entry in entries:  # a first snapshot's: every directory of the workspace
+                try:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                except OSError:
+                    continue
                 name = os.fsdecode(entry.name)
                 if name == ".git":
                     continue
                 child = f"{rel}/{name}" if rel else name
-                if child in skip:
-                    continue
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(child)
+                if child not in skip:
+                    pending.append(child)
         return budget
 
     def _drain(self) -> None:

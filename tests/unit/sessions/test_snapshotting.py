@@ -132,20 +132,34 @@ async def test_past_the_bound_of_watched_stores_the_least_recently_snapshotted_s
 
 class _Held:
     """Holds every store's take until released (in the snapshot threads), then runs it; `during`
-    runs right after the real take, while the turn would be running."""
+    runs as the take has read the workspace (the turn would be running: the take is past its
+    bound); after `release`, `after_read` (once set) holds the take between its read and its
+    end, as a first take copying a big checkout's blobs does."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.release = threading.Event()
         self.during: Callable[[], None] = lambda: None
+        self.after_read: threading.Event | None = None
         real = SnapshotStore.take
+        real_read = SnapshotStore._read
 
-        def take(store: SnapshotStore, timeout_s: float | None = None) -> Snapshot:
-            assert self.release.wait(60), "never released"
-            snapshot = real(store, timeout_s)
-            self.during()
-            return snapshot
+        def take(
+            store: SnapshotStore, timeout_s: float | None = None, on_read: Callable[[], None] | None = None
+        ) -> Snapshot:
+            if self.after_read is None:
+                assert self.release.wait(60), "never released"
+            return real(store, timeout_s, on_read)
+
+        def read(store: SnapshotStore) -> None:
+            reading = store._on_read is not None
+            if reading:
+                self.during()
+            real_read(store)
+            if reading and self.after_read is not None:
+                assert self.after_read.wait(60), "never let finish"
 
         monkeypatch.setattr(SnapshotStore, "take", take)
+        monkeypatch.setattr(SnapshotStore, "_read", read)
 
 
 @pytest.fixture
@@ -195,6 +209,27 @@ async def test_a_first_snapshot_the_workspace_changed_under_is_recorded_incomple
     [record] = await s.records(SID)
     assert not record.complete and record.reason == snapshotting.CHANGED_MEANWHILE
     assert await s.availability(SID) == {"p1": False}
+
+
+async def test_a_first_snapshot_read_within_the_bound_lets_the_turn_go_on_and_holds_the_workspace_before_it(
+    slow: tuple[Snapshots, Path, _Held],
+) -> None:
+    s, ws, held = slow
+    s.limits = Limits(timeout_s=30.0)  # time to read the workspace, on a loaded machine too
+    held.after_read = threading.Event()  # read at once; the rest waits (a big checkout's copy)
+    assert await s.take_and_record(SID, str(ws), TURN_START, "p1") is None  # the turn goes on
+    assert await s.availability(SID) == {}  # no snapshot until it is complete
+    (ws / "a.txt").write_text("the agent's first edit\n")  # while the take finishes
+    held.after_read.set()
+    await s.settled(SID)
+    [record] = await s.records(SID)
+    assert record.complete, record.reason  # what it holds was read before the edit
+    assert await s.availability(SID) == {"p1": True}
+    store = s.store(SID, str(ws))
+    end = await s.take_and_record(SID, str(ws), TURN_END, "p1")
+    assert end is not None and end.complete
+    [change] = store.changes(record.tree or "", end.tree or "")
+    assert change.path == "a.txt"
 
 
 async def test_the_next_snapshot_waits_for_a_first_one_in_the_background(

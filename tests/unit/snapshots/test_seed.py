@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
+import sys
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from agent_rewind.snapshots import SnapshotStore, gitindex
+from agent_rewind.snapshots import Snapshot, SnapshotStore, gitindex
 from agent_rewind.snapshots import store as store_module
+from agent_rewind.snapshots import watch as watch_module
 from agent_rewind.snapshots.seed import read_index
 
 PAST = time.time() - 3600  # files older than the index: never "racily clean"
@@ -427,3 +430,225 @@ def test_a_colon_in_the_workspace_path_names_one_object_directory(
     seeded, reference = seeded_and_hashed(tmp_path, moved, stores)
     assert seeded == reference
     assert hashed == []
+
+
+# After the read: the caller's turn goes on (`take`'s `on_read`) while the blobs are copied.
+
+
+def _take_released(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], then: Callable[[], None], *, watch: bool = True
+) -> tuple[SnapshotStore, Snapshot, list[float]]:
+    """A first take (watching, as the server runs it) whose `on_read` runs `then`: what the
+    agent does as its turn starts, while the take goes on copying the checkout's blobs."""
+    store = SnapshotStore(tmp_path / "state" / "released.git", ws, watch=watch)
+    stores.append(store)
+    read: list[float] = []
+
+    def on_read() -> None:
+        read.append(time.monotonic())
+        then()
+
+    return store, store.take(on_read=on_read), read
+
+
+def test_the_read_ends_before_the_blobs_are_copied(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied: list[float] = []
+    real = store_module.copy
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        copied.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module, "copy", spy)
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    _, snapshot, read = _take_released(tmp_path, ws, stores, lambda: None)
+    assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference
+    assert len(read) == 1 and len(copied) == 1 and read[0] <= copied[0]
+
+
+def test_a_file_changed_after_the_read_is_recorded_as_it_was_read(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
+    store, snapshot, _ = _take_released(
+        tmp_path, ws, stores, lambda: (ws / "README.md").write_text("the agent's first edit\n")
+    )
+    assert snapshot.complete, snapshot.reason
+    assert snapshot.tree == reference and hashed == []  # its blob came from the checkout's git
+    after = store.take()  # and the next take, from the watch, has the edit
+    assert after.complete and after.how == "watched"
+    assert [c.path for c in store.changes(reference, after.tree or "")] == ["README.md"]
+
+
+def test_the_checkout_git_deleted_after_the_read_hashes_the_files_the_watch_saw_unchanged(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
+    store, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: shutil.rmtree(ws / ".git"))
+    assert snapshot.complete, snapshot.reason
+    assert snapshot.tree == reference
+    assert len(hashed) == 16  # every file, from disk: unchanged since it was read
+    readable(store.repo, reference)
+
+
+def test_the_objects_pruned_and_a_file_changed_after_the_read_make_the_snapshot_incomplete(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore]
+) -> None:
+    def agent() -> None:  # `git gc --prune=now` after rewriting history, then an edit
+        shutil.rmtree(ws / ".git" / "objects")
+        (ws / ".git" / "objects").mkdir()
+        (ws / "src/d1/f2.py").write_text("the agent's first edit\n")
+
+    _, snapshot, _ = _take_released(tmp_path, ws, stores, agent)
+    assert not snapshot.complete
+    assert snapshot.reason.startswith("changed meanwhile: src/d1/f2.py"), snapshot.reason
+
+
+def _lose_blobs_and_edit(ws: Path, path: str) -> Callable[[], None]:
+    def agent() -> None:
+        shutil.rmtree(ws / ".git")
+        (ws / path).write_text("HELLO\n")  # the same size
+        os.utime(ws / path, (PAST, PAST))  # the same mtime
+
+    return agent
+
+
+def test_a_lost_blob_file_the_watch_saw_change_is_not_taken_on_its_stat_data(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if the edit had left every stat field as it was (the ctime cannot be set back here).
+    monkeypatch.setattr(store_module, "_same_stat", lambda a, b: True)
+    _, snapshot, _ = _take_released(tmp_path, ws, stores, _lose_blobs_and_edit(ws, "README.md"))
+    assert not snapshot.complete and snapshot.reason == (
+        "changed meanwhile: README.md (its blob was not in the workspace's git, and it may have "
+        "changed since it was read)"
+    ), snapshot.reason
+
+
+def test_a_lost_blob_file_of_other_stat_data_is_not_taken_on_the_watch_alone(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch_module.Watch, "unchanged", lambda self, path: True)  # as if unseen
+    _, snapshot, _ = _take_released(tmp_path, ws, stores, _lose_blobs_and_edit(ws, "README.md"))
+    assert not snapshot.complete and snapshot.reason.startswith("changed meanwhile: README.md ")
+
+
+def test_without_a_watch_a_blob_lost_after_the_read_makes_the_snapshot_incomplete(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore]
+) -> None:
+    _, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: shutil.rmtree(ws / ".git"), watch=False)
+    assert not snapshot.complete and snapshot.reason.startswith("changed meanwhile"), snapshot.reason
+
+
+def test_alternates_added_after_the_read_are_not_used(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
+    elsewhere = tmp_path / "elsewhere"
+    (ws / ".git" / "objects").rename(elsewhere)
+
+    def agent() -> None:
+        (ws / ".git" / "objects" / "info").mkdir(parents=True)
+        (ws / ".git" / "objects" / "info" / "alternates").write_text(f"{elsewhere}\n")
+
+    (ws / ".git" / "objects").mkdir()
+    _, snapshot, _ = _take_released(tmp_path, ws, stores, agent)
+    assert snapshot.complete and snapshot.how == "scan", snapshot  # nothing copied from there
+    assert snapshot.tree == reference and len(hashed) == 16
+
+
+_KILLED_MID_COPY = """
+import sys, time
+from pathlib import Path
+from agent_rewind.snapshots import SnapshotStore, seed
+def copy_blobs(*args, **kwargs):
+    Path(sys.argv[3]).write_text("copying")
+    time.sleep(60)
+seed.copy_blobs = copy_blobs
+SnapshotStore(Path(sys.argv[1]), Path(sys.argv[2]), watch=True).take(on_read=lambda: None)
+"""
+
+
+def test_a_store_killed_mid_copy_leaves_no_snapshot_and_the_next_first_take_starts_over(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore]
+) -> None:
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    repo, marker = tmp_path / "state" / "killed.git", tmp_path / "copying"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_COPY, str(repo), str(ws), str(marker)], env=env
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert child.poll() is None and time.monotonic() < deadline, "the take never reached the copy"
+            time.sleep(0.02)
+    finally:
+        child.kill()  # SIGKILL, mid copy
+        child.wait()
+    assert not (repo / "snapshot.index").exists()  # no index: nothing claims these files known
+    assert [p.name for p in (repo / "objects" / "pack").glob("pack-*")] == []  # no pack in place
+    store = SnapshotStore(repo, ws)
+    stores.append(store)
+    assert store.first
+    again = store.take()
+    assert again.complete and again.how == "seeded" and again.tree == reference
+
+
+def test_a_path_twice_in_the_index_is_trusted_neither_time(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    index = ws / ".git/index"
+    entries = gitindex.parse(index.read_bytes())
+    twice = next(e for e in entries if e.path == b"README.md")
+    rows = [(e.path, e.oid, e.stat) for e in entries]
+    data = gitindex.write(rows)
+    # gitindex.write sorts and writes each path once: add the second entry by hand.
+    body = bytearray(data[:-20])
+    body[8:12] = (len(entries) + 1).to_bytes(4, "big")
+    extra = gitindex.write([(twice.path, _blob(ws, b"forged\n"), twice.stat)])[12:-20]
+    body += extra  # after every other entry: out of order, as only a forged index is
+    index.write_bytes(bytes(body) + hashlib.sha1(bytes(body)).digest())
+    found, _ = read_index(ws)
+    assert "README.md" not in found and "run.sh" in found
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert hashed == ["README.md"]
+
+
+def test_the_cycle_collector_paused_is_back_on_after_the_last_pause() -> None:
+    import gc
+
+    from agent_rewind.snapshots.scan import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause goes on
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+
+
+def test_an_on_read_that_fails_does_not_stop_the_take(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore]
+) -> None:
+    def closed() -> None:
+        raise RuntimeError("Event loop is closed")  # what a server stopping meanwhile raises
+
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    _, snapshot, read = _take_released(tmp_path, ws, stores, closed)
+    assert len(read) == 1
+    assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference
