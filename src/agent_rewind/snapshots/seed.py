@@ -11,9 +11,10 @@ The workspace is the agent's: everything in its `.git` may be forged. So:
 
 - No git ever runs on the workspace's repository (its config names programs: `core.fsmonitor`,
   hooks). The index is parsed here (`gitindex`); the objects are read by the store's sealed git,
-  on its own repository, with the workspace's object directory as an alternate for one command
-  only (`GIT_ALTERNATE_OBJECT_DIRECTORIES`): nothing of it is left referring to the workspace.
-  Nothing in the workspace is written, locked or refreshed.
+  on its own repository, with an object directory as an alternate for one command only
+  (`GIT_ALTERNATE_OBJECT_DIRECTORIES`): nothing of it is left referring to the workspace. Nothing
+  in the workspace is written, locked or refreshed (pinning, below, gives its object files a
+  second link for the copy's duration: their link count and ctime change, nothing else).
 - `.git` must be a real directory at the workspace's root (not a symlink, not a `gitdir:` file),
   its `objects` one too, with no `info/alternates` (which could lead anywhere) and no symlink
   among its directories and pack files. Anything else: nothing is seeded, every file is hashed.
@@ -27,10 +28,16 @@ The workspace is the agent's: everything in its `.git` may be forged. So:
   the index claims. The blob must be a blob of exactly the file's size. A file whose blob is
   missing, of another kind or size, or did not arrive under its id is hashed from disk.
 - The trust decision (`trusted_files`) is what depends on the files; the copy (`copy`) comes
-  after, while the agent's turn may already run (`SnapshotStore.take`'s `on_read`): so `.git` and
-  its objects are checked again right before git reads them, and a file whose blob is then
-  missing is hashed from disk only if the store's watch saw no change to it and its stat data
-  are still those trusted (else the snapshot is incomplete, never silently wrong).
+  after, while the agent's turn may already run (`SnapshotStore.take`'s `on_read`), and the agent
+  could then swap `.git`, `objects` or `pack` for a link to anywhere (another tenant's repository)
+  between any check and git's open. So before the turn the object files are pinned (`pin`):
+  hard-linked into a directory of the store's own, each through directory descriptors opened
+  without following a link and kept only if a regular file got linked; git reads only that
+  directory. Their content is still the agent's, verified object by object as above. Where they
+  cannot be pinned (another filesystem, links refused), the copy is made before the turn. A file
+  whose blob turns out missing or damaged after the turn began is hashed from disk only if the
+  store's watch saw no change to it and its stat data are still those trusted (else the snapshot
+  is incomplete, never silently wrong).
 
 What stays trusted is what git itself trusts: a file whose stat data equal its entry's holds that
 entry's blob. Someone who can write the workspace can make such an entry (copying a file's stat
@@ -43,6 +50,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import stat
 import struct
 import subprocess
@@ -131,27 +139,96 @@ def known(entry: IndexEntry) -> Known:
     return Known(_MODES[entry.stat.mode], entry.oid, entry.stat)
 
 
+def pin(workspace: Path, into: Path) -> Path | None:
+    """The workspace's object files hard-linked into `into` (a directory of the store's own,
+    made here, whose object directory is returned): what the blob copy reads once the agent may
+    run (`take`'s `on_read`). Each file is linked through directory descriptors opened without
+    following a link, and kept only if what was linked is a regular file: a `.git`, `objects` or
+    `pack` the agent swaps for a symbolic link afterwards changes nothing of it. (An object
+    file's content is still the agent's to change: the copy verifies every object by its id.)
+    None when that cannot be done (another filesystem, links refused, a git not usable): the
+    caller then copies before the agent may run."""
+    shutil.rmtree(into, ignore_errors=True)
+    try:
+        root = _open_root(workspace)
+    except (OSError, UnsafePath):
+        return None
+    try:
+        dot_git = os.open(".git", _DIR, dir_fd=root)
+    except OSError:
+        os.close(root)
+        return None
+    try:
+        _check_objects(dot_git)
+        objects = os.open("objects", _DIR, dir_fd=dot_git)
+        try:
+            into.mkdir(mode=0o700)
+            linked = _link_objects(objects, into)
+        finally:
+            os.close(objects)
+    except (NotSeedable, OSError) as err:
+        log.info("the workspace's objects could not be pinned; they are copied at once", why=str(err))
+        shutil.rmtree(into, ignore_errors=True)
+        return None
+    finally:
+        os.close(dot_git)
+        os.close(root)
+    return into if linked else None
+
+
+_LOOSE_DIR = re.compile(r"[0-9a-f]{2}")
+_LOOSE = re.compile(r"[0-9a-f]{38}")
+_PACKED = re.compile(r"pack-[0-9a-f]{40,64}\.(pack|idx|rev)")
+
+
+def _link_objects(objects: int, into: Path) -> int:
+    """Links the loose objects and the packs of the object directory `objects` (a descriptor)
+    into `into`; how many files. OSError when one cannot be linked, NotSeedable when what got
+    linked is not a regular file."""
+    count = 0
+    for entry in os.scandir(objects):
+        if entry.name == "pack" or _LOOSE_DIR.fullmatch(entry.name):
+            try:
+                sub = os.open(entry.name, _DIR, dir_fd=objects)
+            except OSError as err:
+                raise NotSeedable(f".git/objects/{entry.name} is not a directory ({err.strerror})") from None
+            try:
+                names = _LOOSE if entry.name != "pack" else _PACKED
+                target = into / entry.name
+                target.mkdir(mode=0o700)
+                for item in os.scandir(sub):
+                    if not names.fullmatch(item.name):
+                        continue
+                    linked = target / item.name
+                    os.link(item.name, linked, src_dir_fd=sub, follow_symlinks=False)
+                    if not stat.S_ISREG(os.lstat(linked).st_mode):
+                        raise NotSeedable(f".git/objects/{entry.name}/{item.name} is not a plain file")
+                    count += 1
+            finally:
+                os.close(sub)
+    return count
+
+
 def copy(
     git: Git,
-    workspace: Path,
+    objects: Path,
     entries: Mapping[str, IndexEntry],
     stats: Mapping[str, os.stat_result],
     deadline: float,
 ) -> set[str]:
     """Copies the blobs of `entries` (`trusted_files`: each a blob of the size its file had in
-    `stats`) from the workspace's object directory into the store's repository, verified; the
-    paths whose blob arrived. The
-    directory is checked again first (the agent may have changed it since its index was read);
-    a workspace whose git cannot be used now copies nothing. GitTimeout past the deadline."""
+    `stats`) from the object directory `objects` (the workspace's objects `pin`ned, or, before
+    the agent may run, the workspace's own) into the store's repository, verified; the paths
+    whose blob arrived. Nothing when they cannot be copied (logged). GitTimeout past the
+    deadline."""
     sizes = {entry.oid: stats[path].st_size for path, entry in entries.items()}
     if not sizes:
         return set()
     try:
-        check_objects(workspace)
-        copied = copy_blobs(git, workspace / ".git" / "objects", sizes, deadline)
+        copied = copy_blobs(git, objects, sizes, deadline)
     except GitTimeout:
         raise
-    except (NotSeedable, SnapshotError, OSError) as err:
+    except (SnapshotError, OSError) as err:
         log.warning("first snapshot not seeded: the blobs could not be copied", error=str(err))
         return set()
     return {path for path, entry in entries.items() if entry.oid in copied}
@@ -222,26 +299,6 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
                     entries.pop(path, None)
                 seen.add(path)
     return entries, mtime_ns
-
-
-def check_objects(workspace: Path) -> None:
-    """NotSeedable unless the workspace's `.git` (a directory of its own) and its objects are
-    as `read_index` requires them."""
-    try:
-        root = _open_root(workspace)
-    except (OSError, UnsafePath) as err:
-        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
-    try:
-        try:
-            dot_git = os.open(".git", _DIR, dir_fd=root)
-        except OSError as err:
-            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
-        try:
-            _check_objects(dot_git)
-        finally:
-            os.close(dot_git)
-    finally:
-        os.close(root)
 
 
 def _check_objects(dot_git: int) -> None:

@@ -71,7 +71,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
-from agent_rewind.snapshots.seed import Known, copy, known, read_index, trusted_files
+from agent_rewind.snapshots.seed import Known, copy, known, pin, read_index, trusted_files
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
@@ -88,6 +88,9 @@ __all__ = [
 ]
 
 KEEP_REF = "refs/agent-rewind/keep"
+# The store's directory a first take pins the workspace's object files in (`seed.pin`), until
+# their blobs are copied; one a killed take left is removed by the next first take.
+_PINNED = "seed-objects"
 
 T = TypeVar("T")
 
@@ -451,10 +454,13 @@ class SnapshotStore:
         the next scan hashes only what changed since.
 
         Only what depends on the files comes before `on_read` (`take`): their lstat (the scan),
-        which the workspace's index vouches for, and the hashing of the others. The copy of the
-        vouched-for blobs from the workspace's git, the trees, the pack and the index come
-        after, while the files may change."""
+        which the workspace's index vouches for, the hashing of the others, and the workspace's
+        object files hard-linked into the store (`pin`: the agent, which may run from then on,
+        cannot swap what the copy reads). The copy of the vouched-for blobs from those, the
+        trees, the pack and the index come after, while the files may change. Objects that
+        cannot be pinned are copied before `on_read`."""
         parsed, self._workspace_index = self._workspace_index, None
+        shutil.rmtree(self._git.repo / _PINNED, ignore_errors=True)  # a killed take's
         with gc_paused():
             vouched = trusted_files(self.workspace, plan.stats, parsed)
         rest = [path for path in plan.update if path not in vouched]
@@ -464,12 +470,24 @@ class SnapshotStore:
                 f"total over {self.limits.max_total_bytes} bytes: {hashing} bytes changed",
                 *plan.problems,
             ]
+        pinned: Path | None = None
+        copied: set[str] = set()
         with PackWriter(self._git) as pack:
             with gc_paused():
                 found, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
+            if vouched:
+                pinned = pin(self.workspace, self._git.repo / _PINNED)
+                if pinned is None:  # from the workspace's own git, then, while no agent runs
+                    copied = copy(
+                        self._git, self.workspace / ".git" / "objects", vouched, plan.stats, deadline
+                    )
             self._read()
             if vouched:
-                copied = copy(self._git, self.workspace, vouched, plan.stats, deadline)
+                if pinned is not None:
+                    try:
+                        copied = copy(self._git, pinned, vouched, plan.stats, deadline)
+                    finally:
+                        shutil.rmtree(pinned, ignore_errors=True)
                 if copied:
                     self._how = "seeded"
                 lost = {path: known(entry) for path, entry in vouched.items() if path not in copied}

@@ -8,6 +8,7 @@ itself, objects, config."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -483,24 +484,85 @@ def test_a_file_changed_after_the_read_is_recorded_as_it_was_read(
     assert [c.path for c in store.changes(reference, after.tree or "")] == ["README.md"]
 
 
-def test_the_checkout_git_deleted_after_the_read_hashes_the_files_the_watch_saw_unchanged(
+def _damage_objects(ws: Path) -> None:
+    """Every object file of the checkout emptied in place (the same inodes, so the pinned links
+    see it too): what an agent can do to its own git once its turn runs."""
+    for path in (ws / ".git" / "objects").rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.parent.name != "info":
+            path.chmod(0o644)
+            with path.open("r+b") as f:
+                f.truncate(0)
+
+
+def test_the_checkout_git_deleted_or_swapped_after_the_read_changes_nothing_of_the_copy(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
+    copied: list[float] = []
+    real = store_module.copy
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        copied.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module, "copy", spy)
+    decoy = tmp_path / "decoy-objects"
+    decoy.mkdir()
+
+    def agent() -> None:  # its .git gone, then a .git whose objects lead elsewhere
+        shutil.rmtree(ws / ".git")
+        (ws / ".git").mkdir()
+        (ws / ".git" / "objects").symlink_to(decoy)
+
+    store, snapshot, read = _take_released(tmp_path, ws, stores, agent)
+    assert snapshot.complete and snapshot.how == "seeded", snapshot
+    assert len(copied) == 1 and read[0] <= copied[0], "copied while the agent may run"
+    assert snapshot.tree == reference and hashed == []  # every blob from the objects pinned
+    assert not (store.repo / "seed-objects").exists(), "the pinned links are removed after the copy"
+    readable(store.repo, reference)
+
+
+def test_objects_damaged_after_the_read_hash_the_files_the_watch_saw_unchanged(
     tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
 ) -> None:
     reference = first(tmp_path, ws, stores, "hashed", HashingStore)
     hashed.clear()
-    store, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: shutil.rmtree(ws / ".git"))
+    store, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: _damage_objects(ws))
     assert snapshot.complete, snapshot.reason
     assert snapshot.tree == reference
     assert len(hashed) == 16  # every file, from disk: unchanged since it was read
     readable(store.repo, reference)
 
 
-def test_the_objects_pruned_and_a_file_changed_after_the_read_make_the_snapshot_incomplete(
+def test_objects_that_cannot_be_pinned_are_copied_before_the_read(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
+    copied: list[float] = []
+    real = store_module.copy
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        copied.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EXDEV, "Invalid cross-device link")  # the store on another filesystem
+
+    monkeypatch.setattr(store_module, "copy", spy)
+    monkeypatch.setattr(os, "link", refused)
+    store, snapshot, read = _take_released(tmp_path, ws, stores, lambda: _damage_objects(ws))
+    assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference, snapshot
+    assert hashed == [] and len(copied) == 1 and copied[0] <= read[0], "copied while no agent ran"
+    assert not (store.repo / "seed-objects").exists()
+
+
+def test_the_objects_damaged_and_a_file_changed_after_the_read_make_the_snapshot_incomplete(
     tmp_path: Path, ws: Path, stores: list[SnapshotStore]
 ) -> None:
-    def agent() -> None:  # `git gc --prune=now` after rewriting history, then an edit
-        shutil.rmtree(ws / ".git" / "objects")
-        (ws / ".git" / "objects").mkdir()
+    def agent() -> None:  # its objects rewritten (as a `git gc` that went wrong), then an edit
+        _damage_objects(ws)
         (ws / "src/d1/f2.py").write_text("the agent's first edit\n")
 
     _, snapshot, _ = _take_released(tmp_path, ws, stores, agent)
@@ -510,7 +572,7 @@ def test_the_objects_pruned_and_a_file_changed_after_the_read_make_the_snapshot_
 
 def _lose_blobs_and_edit(ws: Path, path: str) -> Callable[[], None]:
     def agent() -> None:
-        shutil.rmtree(ws / ".git")
+        _damage_objects(ws)
         (ws / path).write_text("HELLO\n")  # the same size
         os.utime(ws / path, (PAST, PAST))  # the same mtime
 
@@ -540,7 +602,7 @@ def test_a_lost_blob_file_of_other_stat_data_is_not_taken_on_the_watch_alone(
 def test_without_a_watch_a_blob_lost_after_the_read_makes_the_snapshot_incomplete(
     tmp_path: Path, ws: Path, stores: list[SnapshotStore]
 ) -> None:
-    _, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: shutil.rmtree(ws / ".git"), watch=False)
+    _, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: _damage_objects(ws), watch=False)
     assert not snapshot.complete and snapshot.reason.startswith("changed meanwhile"), snapshot.reason
 
 
@@ -652,3 +714,19 @@ def test_an_on_read_that_fails_does_not_stop_the_take(
     _, snapshot, read = _take_released(tmp_path, ws, stores, closed)
     assert len(read) == 1
     assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference
+
+
+def test_a_link_among_the_object_files_is_not_pinned(tmp_path: Path, ws: Path) -> None:
+    from agent_rewind.snapshots import seed
+
+    fanout = ws / ".git" / "objects" / "ab"
+    fanout.mkdir(exist_ok=True)
+    (fanout / ("c" * 38)).symlink_to(tmp_path / "anything")  # git would follow it
+    into = tmp_path / "pinned"
+    assert seed.pin(ws, into) is None
+    assert not into.exists()
+    (fanout / ("c" * 38)).unlink()
+    pinned = seed.pin(ws, into)
+    assert pinned == into
+    files = [p for p in into.rglob("*") if not p.is_dir()]
+    assert files and all(p.is_file() and not p.is_symlink() for p in files)
