@@ -452,9 +452,8 @@ def _take_released(
     return store, store.take(on_read=on_read), read
 
 
-def test_the_read_ends_before_the_blobs_are_copied(
-    tmp_path: Path, ws: Path, stores: list[SnapshotStore], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _copies(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When each blob copy of the store began (time.monotonic), from now on."""
     copied: list[float] = []
     real = store_module.copy
 
@@ -463,6 +462,13 @@ def test_the_read_ends_before_the_blobs_are_copied(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(store_module, "copy", spy)
+    return copied
+
+
+def test_the_read_ends_before_the_blobs_are_copied(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied = _copies(monkeypatch)
     reference = first(tmp_path, ws, stores, "hashed", HashingStore)
     _, snapshot, read = _take_released(tmp_path, ws, stores, lambda: None)
     assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference
@@ -499,14 +505,7 @@ def test_the_checkout_git_deleted_or_swapped_after_the_read_changes_nothing_of_t
 ) -> None:
     reference = first(tmp_path, ws, stores, "hashed", HashingStore)
     hashed.clear()
-    copied: list[float] = []
-    real = store_module.copy
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        copied.append(time.monotonic())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(store_module, "copy", spy)
+    copied = _copies(monkeypatch)
     decoy = tmp_path / "decoy-objects"
     decoy.mkdir()
 
@@ -540,17 +539,11 @@ def test_objects_that_cannot_be_pinned_are_copied_before_the_read(
 ) -> None:
     reference = first(tmp_path, ws, stores, "hashed", HashingStore)
     hashed.clear()
-    copied: list[float] = []
-    real = store_module.copy
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        copied.append(time.monotonic())
-        return real(*args, **kwargs)
+    copied = _copies(monkeypatch)
 
     def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OSError(errno.EXDEV, "Invalid cross-device link")  # the store on another filesystem
 
-    monkeypatch.setattr(store_module, "copy", spy)
     monkeypatch.setattr(os, "link", refused)
     store, snapshot, read = _take_released(tmp_path, ws, stores, lambda: _damage_objects(ws))
     assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference, snapshot
