@@ -146,32 +146,36 @@ def pin(workspace: Path, into: Path) -> Path | None:
     following a link, and kept only if what was linked is a regular file: a `.git`, `objects` or
     `pack` the agent swaps for a symbolic link afterwards changes nothing of it. (An object
     file's content is still the agent's to change: the copy verifies every object by its id.)
-    None when that cannot be done (another filesystem, links refused, a git not usable): the
-    caller then copies before the agent may run."""
+    None when the files cannot be linked (another filesystem, links refused): the caller then
+    copies before the agent may run. NotSeedable when the workspace's git is not one to take
+    blobs from (a link among its object files, say): nothing is seeded."""
     shutil.rmtree(into, ignore_errors=True)
     try:
         root = _open_root(workspace)
-    except (OSError, UnsafePath):
-        return None
+    except (OSError, UnsafePath) as err:
+        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
     try:
-        dot_git = os.open(".git", _DIR, dir_fd=root)
-    except OSError:
-        os.close(root)
-        return None
-    try:
-        _check_objects(dot_git)
-        objects = os.open("objects", _DIR, dir_fd=dot_git)
         try:
-            into.mkdir(mode=0o700)
-            linked = _link_objects(objects, into)
+            dot_git = os.open(".git", _DIR, dir_fd=root)
+        except OSError as err:
+            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
+        try:
+            _check_objects(dot_git)
+            objects = os.open("objects", _DIR, dir_fd=dot_git)
+            try:
+                into.mkdir(mode=0o700)
+                linked = _link_objects(objects, into)
+            finally:
+                os.close(objects)
+        except BaseException as err:
+            shutil.rmtree(into, ignore_errors=True)
+            if isinstance(err, OSError):
+                log.info("the workspace's objects could not be pinned; they are copied at once", why=str(err))
+                return None
+            raise
         finally:
-            os.close(objects)
-    except (NotSeedable, OSError) as err:
-        log.info("the workspace's objects could not be pinned; they are copied at once", why=str(err))
-        shutil.rmtree(into, ignore_errors=True)
-        return None
+            os.close(dot_git)
     finally:
-        os.close(dot_git)
         os.close(root)
     return into if linked else None
 

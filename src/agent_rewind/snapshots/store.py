@@ -71,7 +71,7 @@ from agent_rewind.snapshots.scan import (
     real_dir,
     unrecordable,
 )
-from agent_rewind.snapshots.seed import Known, copy, known, pin, read_index, trusted_files
+from agent_rewind.snapshots.seed import Known, NotSeedable, copy, known, pin, read_index, trusted_files
 from agent_rewind.snapshots.watch import Unwatchable, Watch
 
 # Defined with the comparisons, and importable from here as before.
@@ -463,24 +463,28 @@ class SnapshotStore:
         shutil.rmtree(self._git.repo / _PINNED, ignore_errors=True)  # a killed take's
         with gc_paused():
             vouched = trusted_files(self.workspace, plan.stats, parsed)
+        pinned: Path | None = None
+        if vouched:
+            try:
+                pinned = pin(self.workspace, self._git.repo / _PINNED)
+            except NotSeedable as err:
+                log.info("first snapshot not seeded from git", workspace=str(self.workspace), why=str(err))
+                vouched = {}
         rest = [path for path in plan.update if path not in vouched]
         hashing = sum(plan.stats[path].st_size for path in rest)
         if hashing > self.limits.max_total_bytes:
+            if pinned is not None:
+                shutil.rmtree(pinned, ignore_errors=True)
             return None, [
                 f"total over {self.limits.max_total_bytes} bytes: {hashing} bytes changed",
                 *plan.problems,
             ]
-        pinned: Path | None = None
         copied: set[str] = set()
         with PackWriter(self._git) as pack:
             with gc_paused():
                 found, problems = hash_files(pack, self.workspace, rest, self.limits.max_file_bytes, deadline)
-            if vouched:
-                pinned = pin(self.workspace, self._git.repo / _PINNED)
-                if pinned is None:  # from the workspace's own git, then, while no agent runs
-                    copied = copy(
-                        self._git, self.workspace / ".git" / "objects", vouched, plan.stats, deadline
-                    )
+            if vouched and pinned is None:  # from the workspace's own git, then, while no agent runs
+                copied = copy(self._git, self.workspace / ".git" / "objects", vouched, plan.stats, deadline)
             self._read()
             if vouched:
                 if pinned is not None:

@@ -709,17 +709,24 @@ def test_an_on_read_that_fails_does_not_stop_the_take(
     assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference
 
 
-def test_a_link_among_the_object_files_is_not_pinned(tmp_path: Path, ws: Path) -> None:
+def test_a_link_among_the_object_files_is_not_pinned_and_nothing_is_seeded(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
     from agent_rewind.snapshots import seed
 
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
     fanout = ws / ".git" / "objects" / "ab"
     fanout.mkdir(exist_ok=True)
     (fanout / ("c" * 38)).symlink_to(tmp_path / "anything")  # git would follow it
     into = tmp_path / "pinned"
-    assert seed.pin(ws, into) is None
+    with pytest.raises(seed.NotSeedable):
+        seed.pin(ws, into)
     assert not into.exists()
+    store, snapshot, _ = _take_released(tmp_path, ws, stores, lambda: None)
+    assert snapshot.complete and snapshot.how != "seeded" and snapshot.tree == reference, snapshot
+    assert len(hashed) == 16 and not (store.repo / "seed-objects").exists()
     (fanout / ("c" * 38)).unlink()
-    pinned = seed.pin(ws, into)
-    assert pinned == into
+    assert seed.pin(ws, into) == into
     files = [p for p in into.rglob("*") if not p.is_dir()]
     assert files and all(p.is_file() and not p.is_symlink() for p in files)
