@@ -47,6 +47,7 @@ records that blob for it, as `git status` would report the file clean.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -56,7 +57,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,17 +151,8 @@ def pin(workspace: Path, into: Path) -> Path | None:
     copies before the agent may run. NotSeedable when the workspace's git is not one to take
     blobs from (a link among its object files, say): nothing is seeded."""
     shutil.rmtree(into, ignore_errors=True)
-    try:
-        root = _open_root(workspace)
-    except (OSError, UnsafePath) as err:
-        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
-    try:
+    with _checked_git(workspace) as dot_git:
         try:
-            dot_git = os.open(".git", _DIR, dir_fd=root)
-        except OSError as err:
-            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
-        try:
-            _check_objects(dot_git)
             objects = os.open("objects", _DIR, dir_fd=dot_git)
             try:
                 into.mkdir(mode=0o700)
@@ -173,10 +165,6 @@ def pin(workspace: Path, into: Path) -> Path | None:
                 log.info("the workspace's objects could not be pinned; they are copied at once", why=str(err))
                 return None
             raise
-        finally:
-            os.close(dot_git)
-    finally:
-        os.close(root)
     return into if linked else None
 
 
@@ -270,24 +258,8 @@ def trusted(entry: IndexEntry, info: os.stat_result, index_mtime_ns: int) -> boo
 def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
     """The usable entries of the workspace's `.git/index` by path, and the index file's mtime
     (ns). NotSeedable when the workspace has no `.git` of its own we may read."""
-    try:
-        root = _open_root(workspace)
-    except (OSError, UnsafePath) as err:
-        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
-    try:
-        try:
-            dot_git = os.open(".git", _DIR, dir_fd=root)
-        except FileNotFoundError:
-            raise NotSeedable("") from None  # not a git checkout: nothing to say
-        except OSError as err:  # ELOOP (a symlink), ENOTDIR (a `gitdir:` file)
-            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
-        try:
-            _check_objects(dot_git)
-            data, mtime_ns = _read_file(dot_git, "index")
-        finally:
-            os.close(dot_git)
-    finally:
-        os.close(root)
+    with _checked_git(workspace) as dot_git:
+        data, mtime_ns = _read_file(dot_git, "index")
     with gc_paused():
         try:
             parsed = gitindex.parse(data)
@@ -303,6 +275,31 @@ def read_index(workspace: Path) -> tuple[dict[str, IndexEntry], int]:
                     entries.pop(path, None)
                 seen.add(path)
     return entries, mtime_ns
+
+
+@contextlib.contextmanager
+def _checked_git(workspace: Path) -> Iterator[int]:
+    """The workspace's `.git` (a descriptor), reached without following a link, its objects
+    checked (`_check_objects`). NotSeedable when the workspace has no `.git` of its own to use
+    (with no message when it has none at all: not a checkout, nothing to say)."""
+    try:
+        root = _open_root(workspace)
+    except (OSError, UnsafePath) as err:
+        raise NotSeedable(f"the workspace cannot be opened: {err}") from err
+    try:
+        try:
+            dot_git = os.open(".git", _DIR, dir_fd=root)
+        except FileNotFoundError:
+            raise NotSeedable("") from None
+        except OSError as err:  # ELOOP (a symlink), ENOTDIR (a `gitdir:` file)
+            raise NotSeedable(f".git is not a directory of the workspace ({err.strerror})") from None
+        try:
+            _check_objects(dot_git)
+            yield dot_git
+        finally:
+            os.close(dot_git)
+    finally:
+        os.close(root)
 
 
 def _check_objects(dot_git: int) -> None:

@@ -648,11 +648,13 @@ def test_a_store_killed_mid_copy_leaves_no_snapshot_and_the_next_first_take_star
         child.wait()
     assert not (repo / "snapshot.index").exists()  # no index: nothing claims these files known
     assert [p.name for p in (repo / "objects" / "pack").glob("pack-*")] == []  # no pack in place
+    assert any((repo / "seed-objects").rglob("*")), "killed with the checkout's objects pinned"
     store = SnapshotStore(repo, ws)
     stores.append(store)
     assert store.first
     again = store.take()
     assert again.complete and again.how == "seeded" and again.tree == reference
+    assert not (repo / "seed-objects").exists(), "the next first take removed the pins left"
 
 
 def test_a_path_twice_in_the_index_is_trusted_neither_time(
