@@ -98,6 +98,8 @@ async def test_a_files_only_rewind_interrupted_after_its_intent_is_finished_by_t
     result = await c.rewind(sid, ids[1], FILES, request_id=rid)
     assert result.rewind_id and result.files.can_rewind and not result.conversation.requested
     assert sorted(Path(f).name for f in result.files.files_changed) == ["a.txt", "b.txt", "c.txt"]
+    # What it changed, seen from what was kept before it (a.txt v2 -> v0, b.txt and c.txt removed).
+    assert (result.files.insertions, result.files.deletions) == (1, 3)
     events = await c.events(sid)
     assert [e.rewind_id for e in events] == [result.rewind_id], "one event, for the finished rewind"
 

@@ -11,7 +11,9 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
-from agent_rewind.api.v1 import rewind_service_pb2
+from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2
+from agent_rewind.sessions.adapter import SdkAgentClient
+from agent_rewind.sessions.events import FilesAnswer
 from tests.integration.harness import (
     BOTH,
     CONVERSATION,
@@ -549,3 +551,78 @@ async def test_a_files_rewind_restores_a_file_a_dropped_branch_created_and_a_vis
         await c.rewind(sid, t1, FILES)
         assert (read(cwd / "base.txt"), read(cwd / "x.txt")) == (None, None)
         assert [p.message_id for p in (await c.points(sid)).points] == [t1, t3]
+
+
+def _cli_requests(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The rewind_files requests sent to the CLI from now on: whether each was a dry run."""
+    sent: list[bool] = []
+    real = SdkAgentClient.rewind_files
+
+    async def spy(self: SdkAgentClient, message_id: str, *, dry_run: bool) -> FilesAnswer:
+        sent.append(dry_run)
+        return await real(self, message_id, dry_run=dry_run)
+
+    monkeypatch.setattr(SdkAgentClient, "rewind_files", spy)
+    return sent
+
+
+async def test_a_files_rewind_sends_the_cli_no_dry_run_and_reports_what_its_dry_run_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned from the files the CLI tracks, read before and after the restore (no dry run):
+    the files changed and their line counts are the CLI's own preview's, for files edited,
+    created by a later turn, and created by a dropped branch then changed by a visible turn."""
+    async with serve(tmp_path) as c:
+        sid, cwd, ids = await _three_turns(c)
+        dropped = prompt_id(await c.prompt(sid, "write d.txt one\nwrite e.txt x"))
+        await c.rewind(sid, dropped, CONVERSATION)  # d.txt and e.txt stay as the dropped turn wrote them
+        await c.prompt(sid, "edit d.txt one => two\nwrite f.txt 1\nsay again")
+        sent = _cli_requests(monkeypatch)
+        for target in (ids[2], ids[1]):
+            dry = await c.dry_run(sid, target, FILES)
+            assert sent == [True]
+            sent.clear()
+            result = await c.rewind(sid, target, FILES)
+            assert sent == [False], "the restore alone"
+            sent.clear()
+            assert sorted(result.files.files_changed) == sorted(dry.files.files_changed) != []
+            assert all(Path(f).parent == cwd for f in result.files.files_changed)
+            assert (result.files.insertions, result.files.deletions) == (
+                dry.files.insertions,
+                dry.files.deletions,
+            )
+            assert result.files.source == rewind_pb2.FILES_SOURCE_CHECKPOINT
+            again = await c.dry_run(sid, target, FILES)
+            assert list(again.files.files_changed) == [], "nothing left to restore"
+            sent.clear()
+        assert [read(cwd / n) for n in ("a.txt", "b.txt", "c.txt", "d.txt", "e.txt", "f.txt")] == [
+            "v0\n", None, None, None, None, None
+        ]  # fmt: skip
+
+
+async def test_a_tracked_file_made_a_link_is_never_read_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hostile: a file the CLI tracks is replaced by a link to a file outside the workspace. The
+    service reads nothing through it, and neither the rewind nor its preview tells anything of
+    the file it names (the CLI's own preview counts that file's lines). The link goes, as the
+    file did not exist at the point; the CLI's restore skips it, and counts it."""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("".join(f"line {i}\n" for i in range(50)))
+    async with serve(tmp_path) as c:
+        session = await c.create()
+        sid, cwd = session.session_id, Path(session.cwd)
+        t1 = prompt_id(await c.prompt(sid, "write a.txt one"))
+        await c.prompt(sid, "edit a.txt one => two\nwrite b.txt bee\nsay edited")
+        (cwd / "a.txt").unlink()
+        (cwd / "a.txt").symlink_to(outside)
+        dry = await c.dry_run(sid, t1, FILES)
+        assert sorted(Path(f).name for f in dry.files.files_changed) == ["a.txt", "b.txt"]
+        assert (dry.files.insertions, dry.files.deletions) == (0, 0), "counts through a link are not told"
+        sent = _cli_requests(monkeypatch)
+        result = await c.rewind(sid, t1, FILES)
+        assert sent == [False], "planned without the CLI"
+        assert sorted(Path(f).name for f in result.files.files_changed) == ["a.txt", "b.txt"]
+        assert (result.files.insertions, result.files.deletions, result.files.skipped_links) == (0, 1, 1)
+        assert not (cwd / "a.txt").is_symlink() and read(cwd / "b.txt") is None
+        assert outside.read_text().count("\n") == 50, "the file the link named is left alone"

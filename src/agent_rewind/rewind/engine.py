@@ -105,6 +105,9 @@ class _Plan:
     leaf: str | None = None
     # What the turns it takes back did that no rewind undoes.
     side_effects: tuple[SideEffect, ...] = ()
+    # A files half from checkpoints planned without the CLI: the files it may change, as they
+    # were (what it changed is seen after it, against these).
+    looked: checkpoints.Files | None = None
 
 
 # A rewind's side effects read this many transcript lines at most on the event loop (more: in a thread).
@@ -225,7 +228,8 @@ class RewindEngine:
         )
         return half, restore, now
 
-    async def _plan(self, worker: SessionWorker, req: RewindRequest) -> _Plan:
+    async def _plan(self, worker: SessionWorker, req: RewindRequest, *, preview: bool = False) -> _Plan:
+        """`preview`: a dry run, whose files half from checkpoints is the CLI's own preview."""
         view = await worker.view()
         # Before resolving: a target dropped by a rewind the caller did not see is a conflict too.
         if req.expected_last_message_id is not None and req.expected_last_message_id != view.last_message_id:
@@ -234,6 +238,7 @@ class RewindEngine:
         files = FilesHalf()
         restore: workspace.Restore | None = None
         now: Snapshot | None = None
+        looked: checkpoints.Files | None = None
         intact = not req.mode.files or workspaces.intact(worker.record.cwd)
         served = await self._from_snapshots(worker, point, req) if req.mode.files and intact else None
         if not intact:
@@ -245,8 +250,13 @@ class RewindEngine:
         elif served is not None:
             files, restore, now = served
         elif req.mode.files:
+            looked = None if preview else self._look(worker, view, point)
             if not worker.record.checkpointing:
                 files = FilesHalf(True, refusal=refuse(CheckpointingDisabled(worker.session_id)))
+            elif looked is not None:
+                # Planned without the CLI: the files it may change, kept for an undo; what it did
+                # change is seen once it has (`_finish`).
+                files = FilesHalf(True, True, tuple(str(Path(worker.record.cwd) / p) for p in looked))
             else:
                 answer = await worker.rewind_files(point.message_id, dry_run=True)
                 if answer.can_rewind:
@@ -254,14 +264,16 @@ class RewindEngine:
                     fixes = checkpoints.needed(
                         checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history)
                     )
-                    listed = set(answer.files_changed)
-                    extra = tuple(str(f.path) for f in fixes if str(f.path) not in listed)
+                    listed = checkpoints.without_links(answer.files_changed)
+                    extra = tuple(str(f.path) for f in fixes if str(f.path) not in set(listed))
+                    # Its counts are of every file it listed, links' targets too: not told then.
+                    counted = listed == answer.files_changed
                     files = FilesHalf(
                         True,
                         True,
-                        answer.files_changed + extra,
-                        answer.insertions,
-                        answer.deletions,
+                        listed + extra,
+                        answer.insertions if counted else 0,
+                        answer.deletions if counted else 0,
                         answer.skipped_links,
                     )
                 else:
@@ -276,7 +288,21 @@ class RewindEngine:
             else:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
         effects = await self._side_effects(worker, view, point)
-        return _Plan(point, files, conversation, view.last_message_id, restore, now, view.leaf, effects)
+        return _Plan(
+            point, files, conversation, view.last_message_id, restore, now, view.leaf, effects, looked
+        )
+
+    @staticmethod
+    def _look(worker: SessionWorker, view: ConversationView, point: RewindPoint) -> checkpoints.Files | None:
+        """The files a rewind to `point` from the CLI's checkpoints may change, as they are now;
+        None when the CLI's dry run must plan it (see checkpoints.py)."""
+        if not point.has_checkpoint or point.checkpoint_pending:
+            return None  # the CLI's answer says why, or the process holding it serves it
+        cwd = Path(worker.record.cwd)
+        paths = checkpoints.tracked(view, cwd)
+        if paths is None:
+            return None
+        return checkpoints.look(cwd, paths)  # (with the files `checkpoints.planned` puts right)
 
     async def _side_effects(
         self, worker: SessionWorker, view: ConversationView, point: RewindPoint
@@ -302,7 +328,7 @@ class RewindEngine:
         """Previews a rewind; refusals are reported inside the result."""
         async with worker.exclusive():
             await self.resolve_pending(worker)
-            plan = await self._plan(worker, req)
+            plan = await self._plan(worker, req, preview=True)
             last = plan.last_message_id
             if plan.conversation.can_rewind:
                 last = worker.view_at(plan.point.anchor).last_message_id
@@ -405,6 +431,7 @@ class RewindEngine:
             planned_leaf=plan.leaf,
             planned_last_message_id=plan.last_message_id,
             planned_transcript_size=worker.transcript_size(),
+            observed=plan.looked is not None,
         )
         with tracing.span("rewind.intent", rewind_id=rewind_id):
             await self._ledger.begin_rewind(
@@ -424,7 +451,7 @@ class RewindEngine:
         )
         record = await self._ledger.rewind(rewind_id)
         assert record is not None
-        return await self._finish(worker, record)
+        return await self._finish(worker, record, plan.looked)
 
     async def _restore_files(self, worker: SessionWorker, record: RewindRecord, target: str) -> FilesAnswer:
         """Restores the files of a recorded intent. A process that fails mid-request leaves the
@@ -481,8 +508,11 @@ class RewindEngine:
             log.error("could not record the workspace after a rewind", error=str(err))
             await snaps.take_and_record(sid, cwd, REWIND_AFTER, record.rewind_id)
 
-    async def _finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
-        """Applies a recorded intent: files, then the conversation cut. Under the session's lock."""
+    async def _finish(
+        self, worker: SessionWorker, record: RewindRecord, looked: checkpoints.Files | None = None
+    ) -> RewindOutcome:
+        """Applies a recorded intent: files, then the conversation cut. Under the session's lock.
+        `looked`: the files as the plan read them (`_Plan.looked`); None when recovering."""
         intent = Intent.of(record)
         files = intent.outcome.files
         anchor = replace(intent.anchor, drops_turn=None) if intent.anchor is not None else None
@@ -529,6 +559,9 @@ class RewindEngine:
             )
             conversation = ConversationHalf(True, False, False, 0)
             anchor = None
+        after = await self._capture_after(worker, intent) if files.can_rewind else None
+        if intent.observed and intent.restores_files:
+            files = await self._seen(worker, intent, files, looked, after)
         final = RewindOutcome(record.rewind_id, files, conversation, last, intent.outcome.side_effects)
         event = NewEvent(
             kind="REWOUND",
@@ -540,7 +573,6 @@ class RewindEngine:
         # The cut and the event, committed together with the rewind marked applied, and the points
         # index as the cut leaves it, in the same transaction.
         with tracing.span("rewind.completion", rewind_id=record.rewind_id, cut=anchor is not None):
-            after = await self._capture_after(worker, intent) if files.can_rewind else None
             result = Applied(final, files_after=after).to_json()
             async with worker.points.cutting(anchor.anchor_uuid if anchor else None) as points:
                 committed = await self._ledger.complete_rewind(
@@ -561,6 +593,32 @@ class RewindEngine:
             messages_dropped=conversation.messages_dropped,
         )
         return final
+
+    async def _seen(
+        self,
+        worker: SessionWorker,
+        intent: Intent,
+        files: FilesHalf,
+        looked: checkpoints.Files | None,
+        after: str | None,
+    ) -> FilesHalf:
+        """What a files rewind planned without the CLI changed (`Intent.observed`): against the
+        files as the plan read them; when recovering, against the trees kept for an undo. Neither
+        known: the files it may have changed, with no line counts."""
+        cwd = Path(worker.record.cwd)
+        found = checkpoints.seen(cwd, looked) if looked is not None else None
+        snaps, kept = self._snapshots, intent.files_before
+        if found is None and snaps is not None and kept is not None and after is not None:
+            store = snaps.store(worker.session_id, worker.record.cwd)
+            changes, (insertions, deletions) = await snaps.run(
+                lambda: (store.changes(kept.tree, after), store.numstat(kept.tree, after))
+            )
+            found = tuple(str(cwd / c.path) for c in changes), insertions, deletions
+        if found is None:
+            log.warning("what a files rewind changed could not be seen", session_id=worker.session_id)
+            return files
+        changed, insertions, deletions = found
+        return replace(files, files_changed=changed, insertions=insertions, deletions=deletions)
 
     @staticmethod
     def _still_current(view: ConversationView, intent: Intent, anchor: Anchor) -> bool:

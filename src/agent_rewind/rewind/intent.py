@@ -145,9 +145,12 @@ class Intent:
     planned_leaf: str | None = None
     planned_last_message_id: str | None = None
     planned_transcript_size: int | None = None
+    # The files half from checkpoints was planned without the CLI: its files_changed are those
+    # the rewind may change, and what it did change is seen once it has (rewind/checkpoints.py).
+    observed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "version": VERSION,
             "target": self.target,
             "files": self.restores_files,
@@ -159,6 +162,9 @@ class Intent:
             "planned_last_message_id": self.planned_last_message_id,
             "planned_transcript_size": self.planned_transcript_size,
         }
+        if self.observed:  # (written only when true: an older version's intent is written back as it was)
+            data["observed"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Intent:
@@ -176,6 +182,7 @@ class Intent:
             planned_leaf=_optional(data, "planned_leaf", str),
             planned_last_message_id=_optional(data, "planned_last_message_id", str),
             planned_transcript_size=_optional(data, "planned_transcript_size", int),
+            observed=_optional(data, "observed", bool) or False,
         )
 
     @classmethod

@@ -231,6 +231,12 @@ class ConversationView:
             agent = parent_agent
         return True
 
+    @property
+    def tracked_files(self) -> set[str]:
+        """Every path the CLI's file history has recorded (on any branch), as it names it:
+        relative to the workspace, or absolute."""
+        return {backup.path for backup in self._store.backups}
+
     def files_before(self, point: RewindPoint) -> dict[str, str | None]:
         """What each file the CLI's file history knows held just before `point` was sent, for the
         files it first recorded after that (on any branch): a backup's name, or None when the file
