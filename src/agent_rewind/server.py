@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import os
 import signal
 import sys
@@ -432,6 +433,16 @@ async def _wind_down(registry: SessionRegistry, server: grpc.aio.Server, stoppin
 
 async def _serve(config: Config) -> None:
     running = await start(config)
+    # The cycle collector, tuned for serving (benchmarks/events.py measured it; docs/benchmarks.md
+    # section 4). What the start made (the modules, the SDK's and the API's classes, the session
+    # records) lives as long as the process: frozen, a full collection no longer scans it (it
+    # was a pause of up to 130 ms with 1,000 watchers). And an event's fan-out holds a few
+    # objects per watcher alive at once, which at the default threshold (700) set off a young
+    # collection every few hundred deliveries, and a full one every few rewinds; at 20,000 a
+    # fan-out to 1,000 sets off none. What serving makes is mostly freed by its reference count.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
