@@ -61,6 +61,8 @@ class _Watcher:
         # a fan-out to a thousand watchers pays a thousand times per event.)
         self._woken = False
         self._sleeping: asyncio.Future[None] | None = None
+        # Looked up once: asyncio.get_running_loop() costs a getpid() a call, a delivery each.
+        self._loop = asyncio.get_running_loop()
 
     def wake(self) -> None:
         self._woken = True
@@ -71,7 +73,7 @@ class _Watcher:
     async def sleep(self) -> None:
         """Until woken (at once if woken since it last slept)."""
         if not self._woken:
-            self._sleeping = asyncio.get_running_loop().create_future()
+            self._sleeping = self._loop.create_future()
             try:
                 await self._sleeping
             finally:
