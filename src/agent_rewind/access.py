@@ -23,6 +23,7 @@ A certificate subject is the client certificate's common name (CN).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -56,8 +57,8 @@ class Principal:
     name: str
     permissions: frozenset[Permission] = field(default_factory=frozenset)
 
-    @property
-    def admin(self) -> bool:
+    @functools.cached_property
+    def admin(self) -> bool:  # (cached: owns() runs once per event per watcher)
         return Permission.ADMIN in self.permissions
 
     def require(self, permission: Permission) -> None:
