@@ -48,6 +48,10 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     # Not in API.md's table (docs/errors.md): per-principal limits, a ledger that cannot be written.
     "QUOTA_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "STORAGE_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    # Round 4 (API.md): paths, reverts of one turn, retention.
+    "PATH_OUTSIDE_WORKSPACE": grpc.StatusCode.INVALID_ARGUMENT,
+    "REVERT_CONFLICT": grpc.StatusCode.FAILED_PRECONDITION,
+    "FILES_PRUNED": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -13,7 +13,7 @@ import grpc
 from agent_rewind import __version__
 from agent_rewind.access import Principal
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, QuotaExceeded, SessionNotFound, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, NotServed, QuotaExceeded, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.replicas import Elsewhere, Membership
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
@@ -116,11 +116,13 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         forwarder: Forwarder | None = None,
         *,
         sandbox_hosts: tuple[str, ...] | None = None,
+        landlock_abi: int = 0,
         max_watch_streams: int = 100,
     ) -> None:
         self.forwarder = forwarder
         # The hosts the command sandbox lets commands reach; None: no sandbox (--sandbox off).
         self._sandbox_hosts = sandbox_hosts
+        self._landlock_abi = landlock_abi
         self._registry = registry
         self._membership = membership
         self._engine = engine
@@ -162,7 +164,10 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             delete_session=True,
             prompt_rewind=True,
             sandbox=rewind_pb2.SandboxCapability(
-                enabled=self._sandbox_hosts is not None, allowed_hosts=self._sandbox_hosts or ()
+                enabled=self._sandbox_hosts is not None,
+                allowed_hosts=self._sandbox_hosts or (),
+                cli_confinement="landlock" if self._landlock_abi else "",
+                landlock_abi=self._landlock_abi,
             ),
         )
 
@@ -247,6 +252,12 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         return record
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
+        # Round 4's narrowing and reverts are named in the contract but not served yet: a request
+        # that sets them is refused whole, never served as a rewind of everything.
+        if request.paths:
+            raise NotServed("RewindRequest.paths")
+        if request.scope not in (rewind_pb2.REWIND_SCOPE_UNSPECIFIED, rewind_pb2.REWIND_SCOPE_SINCE):
+            raise NotServed("RewindRequest.scope REWIND_SCOPE_TURN")
         return RewindRequest(
             session_id=requests.session_id(request.session_id),
             message_id=required("message_id", request.message_id),

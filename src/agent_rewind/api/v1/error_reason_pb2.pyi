@@ -174,6 +174,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE. The service could not write its ledger (a full disk, a
     database locked by another writer). Nothing was half recorded. Retryable.
     """
+    PATH_OUTSIDE_WORKSPACE: _ErrorReason.ValueType  # 30
+    """INVALID_ARGUMENT. A path of RewindRequest.paths is absolute, leaves the
+    workspace ("..") or leads through a link; a BadRequest names `paths`.
+    """
+    REVERT_CONFLICT: _ErrorReason.ValueType  # 31
+    """FAILED_PRECONDITION. A revert of one turn (REWIND_SCOPE_TURN) met files
+    changed since in the lines the turn changed, and conflict_policy is
+    REFUSE; metadata `paths` has their count; a DryRun lists them.
+    """
+    FILES_PRUNED: _ErrorReason.ValueType  # 32
+    """FAILED_PRECONDITION. A files rewind (or revert) to a point whose file
+    history was deleted by retention (RewindPoint.files_pruned). The
+    conversation can still be rewound to it.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The `google.rpc.ErrorInfo.reason` values of the "agent-rewind.v1" domain."""
@@ -309,5 +323,19 @@ Retryable once the principal uses less.
 STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 29
 """UNAVAILABLE. The service could not write its ledger (a full disk, a
 database locked by another writer). Nothing was half recorded. Retryable.
+"""
+PATH_OUTSIDE_WORKSPACE: ErrorReason.ValueType  # 30
+"""INVALID_ARGUMENT. A path of RewindRequest.paths is absolute, leaves the
+workspace ("..") or leads through a link; a BadRequest names `paths`.
+"""
+REVERT_CONFLICT: ErrorReason.ValueType  # 31
+"""FAILED_PRECONDITION. A revert of one turn (REWIND_SCOPE_TURN) met files
+changed since in the lines the turn changed, and conflict_policy is
+REFUSE; metadata `paths` has their count; a DryRun lists them.
+"""
+FILES_PRUNED: ErrorReason.ValueType  # 32
+"""FAILED_PRECONDITION. A files rewind (or revert) to a point whose file
+history was deleted by retention (RewindPoint.files_pruned). The
+conversation can still be rewound to it.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -54,6 +54,34 @@ REWIND_MODE_BOTH: RewindMode.ValueType  # 3
 """Files, then the conversation. Refused whole when either half is refused."""
 Global___RewindMode: _TypeAlias = RewindMode  # noqa: Y015
 
+class _RewindScope:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RewindScopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RewindScope.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REWIND_SCOPE_UNSPECIFIED: _RewindScope.ValueType  # 0
+    """Means REWIND_SCOPE_SINCE."""
+    REWIND_SCOPE_SINCE: _RewindScope.ValueType  # 1
+    """Everything since the point: what every rewind did before round 4."""
+    REWIND_SCOPE_TURN: _RewindScope.ValueType  # 2
+    """Only what the turn at message_id changed in files, merged with what
+    changed them since; later turns' changes stay. FILES mode only.
+    """
+
+class RewindScope(_RewindScope, metaclass=_RewindScopeEnumTypeWrapper):
+    """How much of the files a rewind takes back."""
+
+REWIND_SCOPE_UNSPECIFIED: RewindScope.ValueType  # 0
+"""Means REWIND_SCOPE_SINCE."""
+REWIND_SCOPE_SINCE: RewindScope.ValueType  # 1
+"""Everything since the point: what every rewind did before round 4."""
+REWIND_SCOPE_TURN: RewindScope.ValueType  # 2
+"""Only what the turn at message_id changed in files, merged with what
+changed them since; later turns' changes stay. FILES mode only.
+"""
+Global___RewindScope: _TypeAlias = RewindScope  # noqa: Y015
+
 class _FilesSource:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -210,6 +238,7 @@ class RewindPoint(_message.Message):
     FILES_REWINDABLE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_AVAILABLE_FIELD_NUMBER: _builtins.int
     COMPACTED_FIELD_NUMBER: _builtins.int
+    FILES_PRUNED_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     """The prompt's transcript UUID, also its file checkpoint id."""
     resume_at_message_id: _builtins.str
@@ -234,6 +263,11 @@ class RewindPoint(_message.Message):
     itself): a conversation rewind to it brings back the conversation as it
     was before the compaction, not the summary.
     """
+    files_pruned: _builtins.bool
+    """What a files rewind to this point needs was deleted by retention
+    (--retain-file-points, --retain-file-days): files_rewindable is false, a
+    files rewind to it is FILES_PRUNED; it stays a point for the conversation.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -247,10 +281,11 @@ class RewindPoint(_message.Message):
         files_rewindable: _builtins.bool = ...,
         snapshot_available: _builtins.bool = ...,
         compacted: _builtins.bool = ...,
+        files_pruned: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compacted", b"compacted", "create_time", b"create_time", "files_rewindable", b"files_rewindable", "index", b"index", "message_id", b"message_id", "resume_at_message_id", b"resume_at_message_id", "snapshot_available", b"snapshot_available", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compacted", b"compacted", "create_time", b"create_time", "files_pruned", b"files_pruned", "files_rewindable", b"files_rewindable", "index", b"index", "message_id", b"message_id", "resume_at_message_id", b"resume_at_message_id", "snapshot_available", b"snapshot_available", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -552,11 +587,21 @@ class SandboxCapability(_message.Message):
 
     ENABLED_FIELD_NUMBER: _builtins.int
     ALLOWED_HOSTS_FIELD_NUMBER: _builtins.int
+    CLI_CONFINEMENT_FIELD_NUMBER: _builtins.int
+    LANDLOCK_ABI_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """Every command runs confined: its own workspace and a private temporary
     directory, no other file of the host's it should not read, no network but
     allowed_hosts. False when the server runs with --sandbox off.
     """
+    cli_confinement: _builtins.str
+    """How the Claude Code process itself is confined: "landlock" (the kernel
+    refuses it every file outside its workspace and its session's own
+    directories, whatever its tools are asked), or empty when it is not
+    (serve --cli-confinement off).
+    """
+    landlock_abi: _builtins.int
+    """The kernel's Landlock ABI version in use (0 when none)."""
     @_builtins.property
     def allowed_hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The hosts commands may reach through the service's proxy (serve
@@ -568,10 +613,12 @@ class SandboxCapability(_message.Message):
         *,
         enabled: _builtins.bool = ...,
         allowed_hosts: _abc.Iterable[_builtins.str] | None = ...,
+        cli_confinement: _builtins.str = ...,
+        landlock_abi: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_hosts", b"allowed_hosts", "enabled", b"enabled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_hosts", b"allowed_hosts", "cli_confinement", b"cli_confinement", "enabled", b"enabled", "landlock_abi", b"landlock_abi"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -683,6 +730,8 @@ class RewindEvent(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     LAST_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     CONVERSATION_CHANGED_FIELD_NUMBER: _builtins.int
+    PATHS_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
     cursor: _builtins.int
     """Strictly increasing and gap-free per deployment."""
     rewind_id: _builtins.str
@@ -697,10 +746,16 @@ class RewindEvent(_message.Message):
     """The newest visible message after the change (empty for SESSION_DELETED)."""
     conversation_changed: _builtins.bool
     """Whether the conversation was cut (REWOUND) or put back (UNDONE)."""
+    scope: Global___RewindScope.ValueType
+    """The request's scope (REWIND_SCOPE_TURN: a revert of one turn)."""
     @_builtins.property
     def files(self) -> Global___FilesRewindResult: ...
     @_builtins.property
     def occur_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The request's paths: what the files half was narrowed to (empty: all)."""
+
     def __init__(
         self,
         *,
@@ -716,10 +771,12 @@ class RewindEvent(_message.Message):
         kind: Global___RewindEventKind.ValueType = ...,
         last_message_id: _builtins.str = ...,
         conversation_changed: _builtins.bool = ...,
+        paths: _abc.Iterable[_builtins.str] | None = ...,
+        scope: Global___RewindScope.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "occur_time", b"occur_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_changed", b"conversation_changed", "cursor", b"cursor", "files", b"files", "kind", b"kind", "last_message_id", b"last_message_id", "message_id", b"message_id", "messages_dropped", b"messages_dropped", "mode", b"mode", "occur_time", b"occur_time", "principal", b"principal", "rewind_id", b"rewind_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_changed", b"conversation_changed", "cursor", b"cursor", "files", b"files", "kind", b"kind", "last_message_id", b"last_message_id", "message_id", b"message_id", "messages_dropped", b"messages_dropped", "mode", b"mode", "occur_time", b"occur_time", "paths", b"paths", "principal", b"principal", "rewind_id", b"rewind_id", "scope", b"scope", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from agent_rewind.api.v1 import rewind_pb2 as agent__rewind_dot_v1_dot_rewind__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$agent_rewind/v1/rewind_service.proto\x12\x0f\x61gent_rewind.v1\x1a\x1c\x61gent_rewind/v1/rewind.proto\"\x18\n\x16GetCapabilitiesRequest\"T\n\x17ListRewindPointsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"z\n\x18ListRewindPointsResponse\x12,\n\x06points\x18\x01 \x03(\x0b\x32\x1c.agent_rewind.v1.RewindPoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x17\n\x0flast_message_id\x18\x03 \x01(\t\"\x8a\x02\n\rRewindRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12%\n\x18\x65xpected_last_message_id\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x38\n\x0f\x63onflict_policy\x18\x06 \x01(\x0e\x32\x1f.agent_rewind.v1.ConflictPolicy\x12\x14\n\x0cinclude_diff\x18\x07 \x01(\x08\x42\x1b\n\x19_expected_last_message_id\"Z\n\x18WatchRewindEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x0c\x61\x66ter_cursor\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x0f\n\r_after_cursor\"\x86\x01\n\x19WatchRewindEventsResponse\x12-\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.agent_rewind.v1.RewindEventH\x00\x12.\n\tcaught_up\x18\x02 \x01(\x0b\x32\x19.agent_rewind.v1.CaughtUpH\x00\x42\n\n\x08response\"\x9f\x01\n\x11UndoRewindRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\trewind_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x38\n\x0f\x63onflict_policy\x18\x04 \x01(\x0e\x32\x1f.agent_rewind.v1.ConflictPolicy\x12\x15\n\rvalidate_only\x18\x05 \x01(\x08\x32\xa4\x04\n\rRewindService\x12Y\n\x0fGetCapabilities\x12\'.agent_rewind.v1.GetCapabilitiesRequest\x1a\x1d.agent_rewind.v1.Capabilities\x12g\n\x10ListRewindPoints\x12(.agent_rewind.v1.ListRewindPointsRequest\x1a).agent_rewind.v1.ListRewindPointsResponse\x12G\n\x06\x44ryRun\x12\x1e.agent_rewind.v1.RewindRequest\x1a\x1d.agent_rewind.v1.RewindResult\x12G\n\x06Rewind\x12\x1e.agent_rewind.v1.RewindRequest\x1a\x1d.agent_rewind.v1.RewindResult\x12l\n\x11WatchRewindEvents\x12).agent_rewind.v1.WatchRewindEventsRequest\x1a*.agent_rewind.v1.WatchRewindEventsResponse0\x01\x12O\n\nUndoRewind\x12\".agent_rewind.v1.UndoRewindRequest\x1a\x1d.agent_rewind.v1.RewindResultb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$agent_rewind/v1/rewind_service.proto\x12\x0f\x61gent_rewind.v1\x1a\x1c\x61gent_rewind/v1/rewind.proto\"\x18\n\x16GetCapabilitiesRequest\"T\n\x17ListRewindPointsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"z\n\x18ListRewindPointsResponse\x12,\n\x06points\x18\x01 \x03(\x0b\x32\x1c.agent_rewind.v1.RewindPoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x17\n\x0flast_message_id\x18\x03 \x01(\t\"\xc6\x02\n\rRewindRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12)\n\x04mode\x18\x03 \x01(\x0e\x32\x1b.agent_rewind.v1.RewindMode\x12%\n\x18\x65xpected_last_message_id\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x38\n\x0f\x63onflict_policy\x18\x06 \x01(\x0e\x32\x1f.agent_rewind.v1.ConflictPolicy\x12\x14\n\x0cinclude_diff\x18\x07 \x01(\x08\x12\r\n\x05paths\x18\x08 \x03(\t\x12+\n\x05scope\x18\t \x01(\x0e\x32\x1c.agent_rewind.v1.RewindScopeB\x1b\n\x19_expected_last_message_id\"Z\n\x18WatchRewindEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x0c\x61\x66ter_cursor\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x0f\n\r_after_cursor\"\x86\x01\n\x19WatchRewindEventsResponse\x12-\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.agent_rewind.v1.RewindEventH\x00\x12.\n\tcaught_up\x18\x02 \x01(\x0b\x32\x19.agent_rewind.v1.CaughtUpH\x00\x42\n\n\x08response\"\x9f\x01\n\x11UndoRewindRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\trewind_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x38\n\x0f\x63onflict_policy\x18\x04 \x01(\x0e\x32\x1f.agent_rewind.v1.ConflictPolicy\x12\x15\n\rvalidate_only\x18\x05 \x01(\x08\x32\xa4\x04\n\rRewindService\x12Y\n\x0fGetCapabilities\x12\'.agent_rewind.v1.GetCapabilitiesRequest\x1a\x1d.agent_rewind.v1.Capabilities\x12g\n\x10ListRewindPoints\x12(.agent_rewind.v1.ListRewindPointsRequest\x1a).agent_rewind.v1.ListRewindPointsResponse\x12G\n\x06\x44ryRun\x12\x1e.agent_rewind.v1.RewindRequest\x1a\x1d.agent_rewind.v1.RewindResult\x12G\n\x06Rewind\x12\x1e.agent_rewind.v1.RewindRequest\x1a\x1d.agent_rewind.v1.RewindResult\x12l\n\x11WatchRewindEvents\x12).agent_rewind.v1.WatchRewindEventsRequest\x1a*.agent_rewind.v1.WatchRewindEventsResponse0\x01\x12O\n\nUndoRewind\x12\".agent_rewind.v1.UndoRewindRequest\x1a\x1d.agent_rewind.v1.RewindResultb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,13 +39,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTREWINDPOINTSRESPONSE']._serialized_start=199
   _globals['_LISTREWINDPOINTSRESPONSE']._serialized_end=321
   _globals['_REWINDREQUEST']._serialized_start=324
-  _globals['_REWINDREQUEST']._serialized_end=590
-  _globals['_WATCHREWINDEVENTSREQUEST']._serialized_start=592
-  _globals['_WATCHREWINDEVENTSREQUEST']._serialized_end=682
-  _globals['_WATCHREWINDEVENTSRESPONSE']._serialized_start=685
-  _globals['_WATCHREWINDEVENTSRESPONSE']._serialized_end=819
-  _globals['_UNDOREWINDREQUEST']._serialized_start=822
-  _globals['_UNDOREWINDREQUEST']._serialized_end=981
-  _globals['_REWINDSERVICE']._serialized_start=984
-  _globals['_REWINDSERVICE']._serialized_end=1532
+  _globals['_REWINDREQUEST']._serialized_end=650
+  _globals['_WATCHREWINDEVENTSREQUEST']._serialized_start=652
+  _globals['_WATCHREWINDEVENTSREQUEST']._serialized_end=742
+  _globals['_WATCHREWINDEVENTSRESPONSE']._serialized_start=745
+  _globals['_WATCHREWINDEVENTSRESPONSE']._serialized_end=879
+  _globals['_UNDOREWINDREQUEST']._serialized_start=882
+  _globals['_UNDOREWINDREQUEST']._serialized_end=1041
+  _globals['_REWINDSERVICE']._serialized_start=1044
+  _globals['_REWINDSERVICE']._serialized_end=1592
 # @@protoc_insertion_point(module_scope)

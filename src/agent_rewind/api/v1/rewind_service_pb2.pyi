@@ -98,6 +98,8 @@ class RewindRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     CONFLICT_POLICY_FIELD_NUMBER: _builtins.int
     INCLUDE_DIFF_FIELD_NUMBER: _builtins.int
+    PATHS_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     message_id: _builtins.str
     """A prompt's transcript UUID, or an assistant message's API id (msg_...)."""
@@ -112,6 +114,17 @@ class RewindRequest(_message.Message):
     """What to do with paths also changed outside the agent. Default: refuse."""
     include_diff: _builtins.bool
     """DryRun only: fill FilesRewindResult.diffs."""
+    scope: _rewind_pb2.RewindScope.ValueType
+    """REWIND_SCOPE_TURN reverts only what the turn at message_id changed
+    (FILES mode only). Default: REWIND_SCOPE_SINCE.
+    """
+    @_builtins.property
+    def paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Workspace-relative files or directories: the files half restores only
+        paths under them (empty: every path). Absolute, "..", or through a link:
+        PATH_OUTSIDE_WORKSPACE.
+        """
+
     def __init__(
         self,
         *,
@@ -122,10 +135,12 @@ class RewindRequest(_message.Message):
         request_id: _builtins.str = ...,
         conflict_policy: _rewind_pb2.ConflictPolicy.ValueType = ...,
         include_diff: _builtins.bool = ...,
+        paths: _abc.Iterable[_builtins.str] | None = ...,
+        scope: _rewind_pb2.RewindScope.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "expected_last_message_id", b"expected_last_message_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "conflict_policy", b"conflict_policy", "expected_last_message_id", b"expected_last_message_id", "include_diff", b"include_diff", "message_id", b"message_id", "mode", b"mode", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id", "conflict_policy", b"conflict_policy", "expected_last_message_id", b"expected_last_message_id", "include_diff", b"include_diff", "message_id", b"message_id", "mode", b"mode", "paths", b"paths", "request_id", b"request_id", "scope", b"scope", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_message_id: _TypeAlias = _typing.Literal["expected_last_message_id"]  # noqa: Y015
     _WhichOneofArgType__expected_last_message_id: _TypeAlias = _typing.Literal["_expected_last_message_id", b"_expected_last_message_id"]  # noqa: Y015

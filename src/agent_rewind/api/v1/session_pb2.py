@@ -27,29 +27,31 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61gent_rewind/v1/session.proto\x12\x0f\x61gent_rewind.v1\x1a\x1c\x61gent_rewind/v1/rewind.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.agent_rewind.v1.SessionState\x12\x17\n\x0flast_message_id\x18\x04 \x01(\t\x12\x12\n\nturn_count\x18\x05 \x01(\x05\x12\x1a\n\x12\x66ile_checkpointing\x18\x06 \x01(\x08\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x07options\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tprincipal\x18\n \x01(\t\x12\x0f\n\x07replica\x18\x0b \x01(\t\x12\x1b\n\x13workspace_snapshots\x18\x0c \x01(\x08\x12\x16\n\x0esnapshot_bytes\x18\r \x01(\x03\x12\x30\n\x0b\x66orked_from\x18\x0e \x01(\x0b\x32\x1b.agent_rewind.v1.ForkOrigin\"4\n\nForkOrigin\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x1a\n\nUserPrompt\x12\x0c\n\x04text\x18\x01 \x01(\t\"K\n\x07ToolUse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"t\n\x10\x41ssistantMessage\x12\x16\n\x0e\x61pi_message_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\ttool_uses\x18\x03 \x03(\x0b\x32\x18.agent_rewind.v1.ToolUse\x12\r\n\x05model\x18\x04 \x01(\t\"D\n\nToolResult\x12\x13\n\x0btool_use_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"\xa9\x01\n\nTurnResult\x12\x0f\n\x07subtype\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x11\n\tnum_turns\x18\x03 \x01(\x05\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\x03\x12\x16\n\x0etotal_cost_usd\x18\x05 \x01(\x01\x12\x0e\n\x06result\x18\x06 \x01(\t\x12\x13\n\x0bstop_reason\x18\x07 \x01(\t\x12\x13\n\x0binterrupted\x18\x08 \x01(\x08\"\xe0\x02\n\tTurnEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x1a\n\x12parent_tool_use_id\x18\x03 \x01(\t\x12\x32\n\x0buser_prompt\x18\n \x01(\x0b\x32\x1b.agent_rewind.v1.UserPromptH\x00\x12>\n\x11\x61ssistant_message\x18\x0b \x01(\x0b\x32!.agent_rewind.v1.AssistantMessageH\x00\x12\x32\n\x0btool_result\x18\x0c \x01(\x0b\x32\x1b.agent_rewind.v1.ToolResultH\x00\x12-\n\x06result\x18\r \x01(\x0b\x32\x1b.agent_rewind.v1.TurnResultH\x00\x12/\n\x06rewind\x18\x0e \x01(\x0b\x32\x1d.agent_rewind.v1.RewindResultH\x00\x42\x07\n\x05\x65vent*\x98\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_IDLE\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1c\n\x18SESSION_STATE_HIBERNATED\x10\x03\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61gent_rewind/v1/session.proto\x12\x0f\x61gent_rewind.v1\x1a\x1c\x61gent_rewind/v1/rewind.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x03\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03\x63wd\x18\x02 \x01(\t\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.agent_rewind.v1.SessionState\x12\x17\n\x0flast_message_id\x18\x04 \x01(\t\x12\x12\n\nturn_count\x18\x05 \x01(\x05\x12\x1a\n\x12\x66ile_checkpointing\x18\x06 \x01(\x08\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x07options\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tprincipal\x18\n \x01(\t\x12\x0f\n\x07replica\x18\x0b \x01(\t\x12\x1b\n\x13workspace_snapshots\x18\x0c \x01(\x08\x12\x16\n\x0esnapshot_bytes\x18\r \x01(\x03\x12\x30\n\x0b\x66orked_from\x18\x0e \x01(\x0b\x32\x1b.agent_rewind.v1.ForkOrigin\x12.\n\x07storage\x18\x0f \x01(\x0b\x32\x1d.agent_rewind.v1.StorageUsage\">\n\x0cStorageUsage\x12\x17\n\x0fworkspace_bytes\x18\x01 \x01(\x03\x12\x15\n\rhistory_bytes\x18\x02 \x01(\x03\"4\n\nForkOrigin\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x1a\n\nUserPrompt\x12\x0c\n\x04text\x18\x01 \x01(\t\"K\n\x07ToolUse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"t\n\x10\x41ssistantMessage\x12\x16\n\x0e\x61pi_message_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\ttool_uses\x18\x03 \x03(\x0b\x32\x18.agent_rewind.v1.ToolUse\x12\r\n\x05model\x18\x04 \x01(\t\"D\n\nToolResult\x12\x13\n\x0btool_use_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"\xa9\x01\n\nTurnResult\x12\x0f\n\x07subtype\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x11\n\tnum_turns\x18\x03 \x01(\x05\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\x03\x12\x16\n\x0etotal_cost_usd\x18\x05 \x01(\x01\x12\x0e\n\x06result\x18\x06 \x01(\t\x12\x13\n\x0bstop_reason\x18\x07 \x01(\t\x12\x13\n\x0binterrupted\x18\x08 \x01(\x08\"\xe0\x02\n\tTurnEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x1a\n\x12parent_tool_use_id\x18\x03 \x01(\t\x12\x32\n\x0buser_prompt\x18\n \x01(\x0b\x32\x1b.agent_rewind.v1.UserPromptH\x00\x12>\n\x11\x61ssistant_message\x18\x0b \x01(\x0b\x32!.agent_rewind.v1.AssistantMessageH\x00\x12\x32\n\x0btool_result\x18\x0c \x01(\x0b\x32\x1b.agent_rewind.v1.ToolResultH\x00\x12-\n\x06result\x18\r \x01(\x0b\x32\x1b.agent_rewind.v1.TurnResultH\x00\x12/\n\x06rewind\x18\x0e \x01(\x0b\x32\x1d.agent_rewind.v1.RewindResultH\x00\x42\x07\n\x05\x65vent*\x98\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_IDLE\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x1c\n\x18SESSION_STATE_HIBERNATED\x10\x03\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_rewind.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONSTATE']._serialized_start=1461
-  _globals['_SESSIONSTATE']._serialized_end=1613
+  _globals['_SESSIONSTATE']._serialized_start=1573
+  _globals['_SESSIONSTATE']._serialized_end=1725
   _globals['_SESSION']._serialized_start=144
-  _globals['_SESSION']._serialized_end=584
-  _globals['_FORKORIGIN']._serialized_start=586
-  _globals['_FORKORIGIN']._serialized_end=638
-  _globals['_USERPROMPT']._serialized_start=640
-  _globals['_USERPROMPT']._serialized_end=666
-  _globals['_TOOLUSE']._serialized_start=668
-  _globals['_TOOLUSE']._serialized_end=743
-  _globals['_ASSISTANTMESSAGE']._serialized_start=745
-  _globals['_ASSISTANTMESSAGE']._serialized_end=861
-  _globals['_TOOLRESULT']._serialized_start=863
-  _globals['_TOOLRESULT']._serialized_end=931
-  _globals['_TURNRESULT']._serialized_start=934
-  _globals['_TURNRESULT']._serialized_end=1103
-  _globals['_TURNEVENT']._serialized_start=1106
-  _globals['_TURNEVENT']._serialized_end=1458
+  _globals['_SESSION']._serialized_end=632
+  _globals['_STORAGEUSAGE']._serialized_start=634
+  _globals['_STORAGEUSAGE']._serialized_end=696
+  _globals['_FORKORIGIN']._serialized_start=698
+  _globals['_FORKORIGIN']._serialized_end=750
+  _globals['_USERPROMPT']._serialized_start=752
+  _globals['_USERPROMPT']._serialized_end=778
+  _globals['_TOOLUSE']._serialized_start=780
+  _globals['_TOOLUSE']._serialized_end=855
+  _globals['_ASSISTANTMESSAGE']._serialized_start=857
+  _globals['_ASSISTANTMESSAGE']._serialized_end=973
+  _globals['_TOOLRESULT']._serialized_start=975
+  _globals['_TOOLRESULT']._serialized_end=1043
+  _globals['_TURNRESULT']._serialized_start=1046
+  _globals['_TURNRESULT']._serialized_end=1215
+  _globals['_TURNEVENT']._serialized_start=1218
+  _globals['_TURNEVENT']._serialized_end=1570
 # @@protoc_insertion_point(module_scope)

@@ -72,6 +72,7 @@ class Session(_message.Message):
     WORKSPACE_SNAPSHOTS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_BYTES_FIELD_NUMBER: _builtins.int
     FORKED_FROM_FIELD_NUMBER: _builtins.int
+    STORAGE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The SDK session id (a UUID)."""
     cwd: _builtins.str
@@ -107,6 +108,10 @@ class Session(_message.Message):
     def forked_from(self) -> Global___ForkOrigin:
         """Set on a session ForkSession made: where it came from."""
 
+    @_builtins.property
+    def storage(self) -> Global___StorageUsage:
+        """What the session holds on the server's volumes, measured."""
+
     def __init__(
         self,
         *,
@@ -124,14 +129,43 @@ class Session(_message.Message):
         workspace_snapshots: _builtins.bool = ...,
         snapshot_bytes: _builtins.int = ...,
         forked_from: Global___ForkOrigin | None = ...,
+        storage: Global___StorageUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "forked_from", b"forked_from", "options", b"options", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "forked_from", b"forked_from", "options", b"options", "storage", b"storage", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "file_checkpointing", b"file_checkpointing", "forked_from", b"forked_from", "last_message_id", b"last_message_id", "options", b"options", "principal", b"principal", "replica", b"replica", "session_id", b"session_id", "snapshot_bytes", b"snapshot_bytes", "state", b"state", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "file_checkpointing", b"file_checkpointing", "forked_from", b"forked_from", "last_message_id", b"last_message_id", "options", b"options", "principal", b"principal", "replica", b"replica", "session_id", b"session_id", "snapshot_bytes", b"snapshot_bytes", "state", b"state", "storage", b"storage", "turn_count", b"turn_count", "update_time", b"update_time", "workspace_snapshots", b"workspace_snapshots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class StorageUsage(_message.Message):
+    """A session's storage, in bytes, measured (never estimated from counts)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_BYTES_FIELD_NUMBER: _builtins.int
+    HISTORY_BYTES_FIELD_NUMBER: _builtins.int
+    workspace_bytes: _builtins.int
+    """The files in its workspace."""
+    history_bytes: _builtins.int
+    """What its rewinds need: transcript, the CLI's file backups, its workspace
+    snapshots.
+    """
+    def __init__(
+        self,
+        *,
+        workspace_bytes: _builtins.int = ...,
+        history_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["history_bytes", b"history_bytes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StorageUsage: _TypeAlias = StorageUsage  # noqa: Y015
 
 @_typing.final
 class ForkOrigin(_message.Message):
