@@ -21,8 +21,8 @@ fix below may remove it).
 
 from __future__ import annotations
 
-import contextlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,23 +30,39 @@ import structlog
 
 from agent_rewind.rewind.diffstat import line_counts
 from agent_rewind.snapshots.errors import UnsafePath
-from agent_rewind.snapshots.files import MODE_SYMLINK, Workspace
+from agent_rewind.snapshots.files import (
+    MODE_EXECUTABLE,
+    MODE_FILE,
+    MODE_SYMLINK,
+    Workspace,
+    chunks,
+    open_regular,
+)
 from agent_rewind.transcript.entries import RewindPoint
 from agent_rewind.transcript.index import ConversationView
 
 log = structlog.get_logger(__name__)
 
+_CHUNK = 1 << 20
+
 # What a rewind reads of the tracked files to see what it changed (`look`); beyond it, the CLI's
 # dry run plans it.
-# They are read (and their lines counted) on the event loop: a few files of code, not a dataset.
+# They are read (and their lines counted) in a thread, never through a link or from a FIFO.
 MAX_LOOKED_AT = 64
 MAX_LOOKED_AT_BYTES = 1 << 20  # in all
+
+
+# A backup of the CLI's file history the service restores from itself (`apply`) is at most
+# this big; a bigger one is left to the CLI's own restore (logged). Each is streamed, never
+# held whole.
+MAX_FIX_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
 class Fix:
     path: Path  # absolute, inside the workspace
-    content: bytes | None  # None: the file did not exist before the point
+    relative: str  # the same path, from the workspace
+    backup: Path | None  # the CLI's backup of what it held before; None: it did not exist
 
 
 def _inside(path: Path, workspace: Path) -> bool:
@@ -55,50 +71,105 @@ def _inside(path: Path, workspace: Path) -> bool:
 
 def planned(view: ConversationView, point: RewindPoint, workspace: Path, history: Path) -> list[Fix]:
     """What every file first recorded after `point` was sent (on any branch) held just before it.
-    Files the CLI's snapshot at the point tracks it restores right itself."""
+    Files the CLI's snapshot at the point tracks it restores right itself. Reads nothing but
+    the backups' stat data."""
     workspace = workspace.resolve()
     fixes = []
     for tracked, name in view.files_before(point).items():
         path = Path(os.path.normpath(workspace / tracked))
-        if not _inside(path, workspace):
+        if path == workspace or not _inside(path, workspace):
             continue
+        relative = path.relative_to(workspace).as_posix()
         if name is None:
-            fixes.append(Fix(path, None))
+            fixes.append(Fix(path, relative, None))
             continue
+        backup = history / name
         try:
-            fixes.append(Fix(path, (history / name).read_bytes()))
-        except OSError as err:  # a backup the CLI lost: leave the file as the CLI restored it
+            if "/" in name or name in (".", ".."):
+                raise OSError(f"{name!r} is not a file name")
+            info = os.stat(backup, follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode):
+                raise OSError("not a regular file")
+            if info.st_size > MAX_FIX_BYTES:
+                raise OSError(f"over {MAX_FIX_BYTES} bytes")
+        except OSError as err:  # a backup the CLI lost, or one not to trust: leave the file as is
             log.warning("a file-history backup is missing", path=str(path), backup=name, error=str(err))
+            continue
+        fixes.append(Fix(path, relative, backup))
     return fixes
 
 
-def _holds(path: Path, content: bytes | None) -> bool:
+def _holds(files: Workspace, fix: Fix) -> bool:
+    """Whether the workspace's file already holds what `fix` puts there: compared a chunk at a
+    time, never through a link, never waiting on a FIFO."""
+    if fix.backup is None:
+        return files.lstat(fix.relative) is None
+    with files.regular(fix.relative) as found:
+        if found is None:
+            return False
+        fd, info = found
+        backup = open_regular(fix.backup)
+        if backup < 0:
+            return False
+        try:
+            if os.fstat(backup).st_size != info.st_size:
+                return False
+            while True:
+                ours, theirs = os.read(fd, _CHUNK), os.read(backup, _CHUNK)
+                if ours != theirs:
+                    return False
+                if not ours:
+                    return True
+        finally:
+            os.close(backup)
+
+
+def needed(fixes: list[Fix], workspace: Path) -> list[Fix]:
+    """The fixes whose file does not already hold what it should (in a thread: it reads files)."""
     try:
-        return path.read_bytes() == content if not path.is_symlink() else False
-    except FileNotFoundError:
-        return content is None
-    except OSError:
-        return False
+        with Workspace(workspace.resolve()) as files:
+            return [f for f in fixes if not _holds(files, f)]
+    except (OSError, UnsafePath) as err:
+        log.warning("the files a rewind puts right could not be read", error=str(err))
+        return []
 
 
-def needed(fixes: list[Fix]) -> list[Fix]:
-    """The fixes whose file does not already hold what it should."""
-    return [f for f in fixes if not _holds(f.path, f.content)]
+def apply(fixes: list[Fix], workspace: Path) -> None:
+    """Writes (or deletes) each file, never through a link, streaming each from its backup;
+    idempotent, so an interrupted rewind may do it again. A file that cannot be put right (a
+    link on the way, a backup gone) is left as the CLI's restore left it, and logged. Runs in a
+    thread: it reads and writes files."""
+    try:
+        files = Workspace(workspace.resolve())
+    except (OSError, UnsafePath) as err:
+        log.error("no file of a rewind could be put right", error=str(err))
+        return
+    with files:
+        for fix in fixes:
+            try:
+                _apply(files, fix)
+            except (OSError, UnsafePath) as err:
+                log.error("a file of a rewind could not be put right", path=str(fix.path), error=str(err))
+        files.sync()
 
 
-def apply(fixes: list[Fix]) -> None:
-    """Writes (or deletes) each file; idempotent, so an interrupted rewind may do it again."""
-    for fix in needed(fixes):
-        if fix.content is None:
-            with contextlib.suppress(FileNotFoundError):
-                fix.path.unlink()
-            continue
-        fix.path.parent.mkdir(parents=True, exist_ok=True)
-        if fix.path.is_symlink():
-            fix.path.unlink()  # never write through a link
-        temporary = fix.path.with_name(f".{fix.path.name}.agent-rewind-tmp")
-        temporary.write_bytes(fix.content)
-        os.replace(temporary, fix.path)
+def _apply(files: Workspace, fix: Fix) -> None:
+    if _holds(files, fix):
+        return
+    if fix.backup is None:
+        files.remove(fix.relative)
+        return
+    backup = open_regular(fix.backup)
+    if backup < 0:
+        raise OSError(f"the backup {fix.backup.name} is not a regular file")
+    try:
+        info = os.fstat(backup)
+        if info.st_size > MAX_FIX_BYTES:
+            raise OSError(f"the backup {fix.backup.name} is over {MAX_FIX_BYTES} bytes")
+        mode = MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else MODE_FILE
+        files.write(fix.relative, mode, chunks(backup))
+    finally:
+        os.close(backup)
 
 
 # Workspace-relative path -> its mode and bytes (a symlink's are its target); None: nothing there.

@@ -70,6 +70,9 @@ from agent_rewind.transcript.index import ConversationView
 
 log = structlog.get_logger(__name__)
 
+# How long the start may spend finishing one session's interrupted rewinds (`recover`).
+RECOVERY_SECONDS = 60.0
+
 
 @dataclass(frozen=True)
 class RewindRequest:
@@ -250,7 +253,7 @@ class RewindEngine:
         elif served is not None:
             files, restore, now = served
         elif req.mode.files:
-            looked = None if preview else self._look(worker, view, point)
+            looked = None if preview else await self._look(worker, view, point)
             if not worker.record.checkpointing:
                 files = FilesHalf(True, refusal=refuse(CheckpointingDisabled(worker.session_id)))
             elif looked is not None:
@@ -261,9 +264,9 @@ class RewindEngine:
                 answer = await worker.rewind_files(point.message_id, dry_run=True)
                 if answer.can_rewind:
                     # Files the CLI would leave as a dropped branch wrote them are listed too.
-                    fixes = checkpoints.needed(
-                        checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history)
-                    )
+                    root = Path(worker.record.cwd)
+                    planned = checkpoints.planned(view, point, root, worker.file_history)
+                    fixes = await asyncio.to_thread(checkpoints.needed, planned, root)
                     listed = checkpoints.without_links(answer.files_changed)
                     extra = tuple(str(f.path) for f in fixes if str(f.path) not in set(listed))
                     # Its counts are of every file it listed, links' targets too: not told then.
@@ -293,16 +296,19 @@ class RewindEngine:
         )
 
     @staticmethod
-    def _look(worker: SessionWorker, view: ConversationView, point: RewindPoint) -> checkpoints.Files | None:
-        """The files a rewind to `point` from the CLI's checkpoints may change, as they are now;
-        None when the CLI's dry run must plan it (see checkpoints.py)."""
+    async def _look(
+        worker: SessionWorker, view: ConversationView, point: RewindPoint
+    ) -> checkpoints.Files | None:
+        """The files a rewind to `point` from the CLI's checkpoints may change, as they are now
+        (read in a thread); None when the CLI's dry run must plan it (see checkpoints.py)."""
         if not point.has_checkpoint or point.checkpoint_pending:
             return None  # the CLI's answer says why, or the process holding it serves it
         cwd = Path(worker.record.cwd)
         paths = checkpoints.tracked(view, cwd)
         if paths is None:
             return None
-        return checkpoints.look(cwd, paths)  # (with the files `checkpoints.planned` puts right)
+        # (with the files `checkpoints.planned` puts right)
+        return await asyncio.to_thread(checkpoints.look, cwd, paths)
 
     async def _side_effects(
         self, worker: SessionWorker, view: ConversationView, point: RewindPoint
@@ -534,9 +540,9 @@ class RewindEngine:
             with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="checkpoint"):
                 answer = await self._restore_files(worker, record, intent.target)
                 point = view.resolve(intent.target)
-                checkpoints.apply(
-                    checkpoints.planned(view, point, Path(worker.record.cwd), worker.file_history)
-                )
+                cwd = Path(worker.record.cwd)
+                fixes = checkpoints.planned(view, point, cwd, worker.file_history)
+                await asyncio.to_thread(checkpoints.apply, fixes, cwd)
                 faults.point("rewind.files_restored")
                 if anchor is not None:
                     # Only a rewind with a conversation half needs this mark: it must be finished even
@@ -606,7 +612,7 @@ class RewindEngine:
         files as the plan read them; when recovering, against the trees kept for an undo. Neither
         known: the files it may have changed, with no line counts."""
         cwd = Path(worker.record.cwd)
-        found = checkpoints.seen(cwd, looked) if looked is not None else None
+        found = await asyncio.to_thread(checkpoints.seen, cwd, looked) if looked is not None else None
         snaps, kept = self._snapshots, intent.files_before
         if found is None and snaps is not None and kept is not None and after is not None:
             store = snaps.store(worker.session_id, worker.record.cwd)
@@ -648,15 +654,25 @@ class RewindEngine:
                 )
 
     async def recover(self, workers: dict[str, SessionWorker]) -> None:
-        """Finishes rewinds a crash interrupted, before the server admits any call."""
+        """Finishes rewinds a crash interrupted, before the server admits any call. Each session
+        gets at most RECOVERY_SECONDS: one whose rewind cannot be finished (its CLI hangs, its
+        files cannot be read) keeps the rewind pending, is logged, and is tried again before its
+        next prompt or rewind; the server serves the rest."""
         for session_id in {r.session_id for r in await self._ledger.pending_rewinds()}:
             worker = workers.get(session_id)
             if worker is None:
                 continue
             try:
-                async with worker.lock:
+                async with asyncio.timeout(RECOVERY_SECONDS), worker.lock:
                     await self.resolve_pending(worker)
                     worker.after_exclusive_use()
             except AgentRewindError as err:
-                # Tried again before the session's next prompt or rewind.
                 log.error("could not finish an interrupted rewind", session_id=session_id, error=err.message)
+            except TimeoutError:
+                log.error(
+                    "could not finish an interrupted rewind in time; it stays pending",
+                    session_id=session_id,
+                    seconds=RECOVERY_SECONDS,
+                )
+            except Exception as err:  # one session's failure must not keep the server from serving
+                log.exception("could not finish an interrupted rewind", session_id=session_id, error=str(err))

@@ -9,7 +9,7 @@ after the call, so prompts and rewinds on one never show in the other.
   not copied. The fork's first CLI process resumes at that leaf, as any session does.
 - Its **files** are the workspace as it was when the point's turn started (the source's start
   snapshot, which must be complete), or, for a fork of the whole session, the workspace as it is
-  (a copy; symlinks are copied as links, never followed).
+  (a copy; symlinks are copied as links, never followed; FIFOs, sockets and devices left out).
 
 The fork keeps no file history of the source: its points from before the fork can be rewound in
 conversation, and its files only back to where it began.
@@ -20,10 +20,11 @@ conversation, and its files only back to where it began.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
-import shutil
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,6 +35,7 @@ from agent_rewind.errors import FilesUnavailable, SnapshotUnavailable
 from agent_rewind.sessions.requests import NewSessionRequest
 from agent_rewind.sessions.snapshotting import Snapshots, repository
 from agent_rewind.snapshots import EMPTY_TREE, RestoreError, SnapshotStore
+from agent_rewind.snapshots.files import chunks, open_regular
 from agent_rewind.store.ledger import ForkOrigin, SnapshotRecord
 from agent_rewind.store.ledger import Sessions as StoredSessions
 from agent_rewind.transcript.paths import transcript_path
@@ -101,8 +103,42 @@ def restore_into(store: SnapshotStore, tree: str, workspace: Path) -> None:
 
 
 def copy_workspace(source: Path, target: Path) -> None:
-    """The source workspace as it is now, symlinks copied as links."""
-    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    """The source workspace as it is now, into the (new, the service's own) `target`: its
+    directories, regular files and symlinks (copied as links). The source is walked by
+    descriptors that follow no link (`os.fwalk`), so a directory the agent swaps for a link
+    meanwhile is not entered; a file is opened only if it is a regular one, without blocking (a
+    FIFO, socket or device is left out, never waited on), and streamed."""
+    if not source.is_absolute() or source.is_symlink():
+        raise OSError(f"the workspace {source} is not a directory of its own")
+    for top, dirs, names, dirfd in os.fwalk(source, follow_symlinks=False):
+        here = target / os.path.relpath(top, source)
+        here.mkdir(parents=True, exist_ok=True)
+        for name in dirs + names:
+            info = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                with contextlib.suppress(FileNotFoundError):  # a retried fork's
+                    os.unlink(here / name)
+                os.symlink(os.readlink(name, dir_fd=dirfd), here / name)
+            elif stat.S_ISREG(info.st_mode):
+                _copy_file(name, dirfd, here / name)
+
+
+def _copy_file(name: str, dirfd: int, target: Path) -> None:
+    fd = open_regular(name, dirfd)
+    if fd < 0:
+        return  # swapped since it was listed: not a regular file now
+    try:
+        mode = os.fstat(fd).st_mode & 0o777
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            for chunk in chunks(fd):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
 
 
 class Sessions(Protocol):

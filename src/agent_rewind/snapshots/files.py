@@ -153,6 +153,39 @@ class Workspace:
                 return None
             raise
 
+    def lstat(self, path: str) -> os.stat_result | None:
+        """What is at `path` itself (a link not followed); None when nothing is, or a parent is
+        not a real directory."""
+        parts = split(path)
+        try:
+            with self._directory(parts[:-1]) as parent:
+                return os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise
+
+    @contextlib.contextmanager
+    def regular(self, path: str) -> Iterator[tuple[int, os.stat_result] | None]:
+        """The descriptor and stat data of the regular file at `path`, opened without following
+        a link and without blocking (a FIFO or a device is never opened); None when there is no
+        regular file there."""
+        parts = split(path)
+        fd = -1
+        try:
+            with self._directory(parts[:-1]) as parent:
+                fd = open_regular(parts[-1], parent)
+        except OSError as err:
+            if err.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+        if fd < 0:
+            yield None
+            return
+        try:
+            yield fd, os.fstat(fd)
+        finally:
+            os.close(fd)
+
     def write(self, path: str, mode: str, chunks: Iterable[bytes]) -> None:
         """Makes `path` a file (or, for MODE_SYMLINK, a symlink whose target is the bytes) with
         this content, creating its parent directories. The new file is complete on disk before
@@ -225,7 +258,7 @@ def _entry(parent: int, name: str) -> Entry | None:
         if not stat.S_ISREG(opened.st_mode):  # swapped since the stat
             return None
         executable = bool(opened.st_mode & stat.S_IXUSR)
-        return Entry(MODE_EXECUTABLE if executable else MODE_FILE, blob_oid(opened.st_size, _read(fd)))
+        return Entry(MODE_EXECUTABLE if executable else MODE_FILE, blob_oid(opened.st_size, chunks(fd)))
     finally:
         os.close(fd)
 
@@ -247,16 +280,31 @@ def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | N
         if opened.st_size > limit:
             raise OSError(errno.EFBIG, f"over {limit} bytes", name)
         data = os.read(fd, opened.st_size + 1)
-        if len(data) > opened.st_size:  # it grew since the fstat: read on to its end
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 20):
+        if len(data) > opened.st_size:  # it grew since the fstat: read on, never past `limit`
+            chunks, size = [data], len(data)
+            while size <= limit and (chunk := os.read(fd, min(_CHUNK, limit + 1 - size))):
                 chunks.append(chunk)
+                size += len(chunk)
             data = b"".join(chunks)
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"over {limit} bytes", name)
         return opened, data
     finally:
         os.close(fd)
+
+
+def open_regular(name: str | Path, parent: int | None = None) -> int:
+    """A descriptor of the regular file `name` (relative to `parent`, or a path), opened without
+    following a link and without blocking; -1 when it is something else (a link, a FIFO, a
+    socket, a device, a directory). Whatever it is, nothing waits on it and nothing of it is read."""
+    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if not stat.S_ISREG(info.st_mode):
+        return -1  # a FIFO or a device is never even opened: opening one can do something
+    fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+        os.close(fd)
+        return -1
+    return fd
 
 
 def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
@@ -269,7 +317,8 @@ def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
     return (MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else MODE_FILE), data
 
 
-def _read(fd: int) -> Iterator[bytes]:
+def chunks(fd: int) -> Iterator[bytes]:
+    """The bytes of an open file from where it is, a chunk at a time."""
     while chunk := os.read(fd, _CHUNK):
         yield chunk
 

@@ -3,11 +3,16 @@ files: what is read before and after, and what makes the CLI's dry run plan it i
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from agent_rewind.rewind import checkpoints
+from agent_rewind.snapshots import files
 
 
 def _view(*paths: str) -> Any:
@@ -62,3 +67,80 @@ def test_files_too_big_to_look_at_leave_it_to_the_cli(tmp_path: Path) -> None:
     (tmp_path / "b.bin").write_bytes(b"b" * half)
     assert checkpoints.look(tmp_path, ["a.bin"]) is not None
     assert checkpoints.look(tmp_path, ["a.bin", "b.bin"]) is None
+
+
+def test_a_fix_never_waits_on_a_fifo_or_reads_through_a_link(tmp_path: Path) -> None:
+    """The issue's freeze: a FIFO planted at a path a rewind puts right blocked the event loop in
+    open(); a link on the way led the write outside."""
+    work, history, outside = tmp_path / "work", tmp_path / "history", tmp_path / "outside"
+    for d in (work, history, outside):
+        d.mkdir()
+    (history / "b@v1").write_text("before\n")
+    os.mkfifo(work / "made.txt")
+    os.mkfifo(work / "kept.txt")
+    (work / "dir").symlink_to(outside)
+    fixes = [
+        checkpoints.Fix(work / "made.txt", "made.txt", None),
+        checkpoints.Fix(work / "kept.txt", "kept.txt", history / "b@v1"),
+        checkpoints.Fix(work / "dir" / "x.txt", "dir/x.txt", history / "b@v1"),
+    ]
+    done = ThreadPoolExecutor(1).submit(
+        lambda: (checkpoints.needed(fixes, work), checkpoints.apply(fixes, work))
+    )
+    needed, _ = done.result(timeout=10)
+    assert [f.relative for f in needed] == ["made.txt", "kept.txt", "dir/x.txt"]
+    assert not (work / "made.txt").exists()
+    assert (work / "kept.txt").read_text() == "before\n"
+    assert list(outside.iterdir()) == [], "nothing written through the link"
+    assert checkpoints.needed(fixes, work) == [fixes[2]]
+
+
+def test_a_fix_compares_a_huge_file_by_its_size_without_reading_it(tmp_path: Path) -> None:
+    work, history = tmp_path / "work", tmp_path / "history"
+    work.mkdir()
+    history.mkdir()
+    (history / "b@v1").write_text("before\n")
+    with (work / "big.bin").open("wb") as f:
+        f.truncate(8 << 30)  # sparse: nothing on disk
+    fix = checkpoints.Fix(work / "big.bin", "big.bin", history / "b@v1")
+    assert checkpoints.needed([fix], work) == [fix]
+    checkpoints.apply([fix], work)
+    assert (work / "big.bin").read_text() == "before\n"
+
+
+def test_a_backup_that_is_not_a_plain_file_name_or_a_regular_file_is_not_restored(tmp_path: Path) -> None:
+    work, history = tmp_path / "work", tmp_path / "history"
+    work.mkdir()
+    history.mkdir()
+    (history / "link@v1").symlink_to("/etc/passwd")
+    view = SimpleNamespace(
+        files_before=lambda point: {"a.txt": "link@v1", "b.txt": "../../etc/passwd", "c.txt": None}
+    )
+    fixes = checkpoints.planned(view, None, work, history)  # type: ignore[arg-type]
+    assert [(f.relative, f.backup) for f in fixes] == [("c.txt", None)]
+
+
+def test_a_file_that_grows_while_read_is_read_no_further_than_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its size as fstat saw it, then more: what was read on was unbounded before."""
+    (tmp_path / "a.txt").write_bytes(b"x" * (8 << 20))
+    real = os.fstat
+
+    def small(fd: int) -> os.stat_result:
+        info = real(fd)
+        return os.stat_result((info.st_mode, *info[1:6], 10, *info[7:]))
+
+    read = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(files.os, "fstat", small)
+    monkeypatch.setattr(files.os, "read", counted)
+    with files.Workspace(tmp_path) as ws, pytest.raises(OSError, match="over"):
+        ws.content("a.txt", 1 << 20)
+    assert sum(read) <= (1 << 20) + 1
