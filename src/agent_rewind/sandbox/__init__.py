@@ -2,6 +2,6 @@
 CLI's environment from an allowlist (docs/security.md). A leaf package: it uses nothing of the
 service but `errors`."""
 
-from agent_rewind.sandbox.commands import CommandSandbox, SandboxUnavailable, SessionSandbox
+from agent_rewind.sandbox.commands import CommandLimits, CommandSandbox, SandboxUnavailable, SessionSandbox
 
-__all__ = ["CommandSandbox", "SandboxUnavailable", "SessionSandbox"]
+__all__ = ["CommandLimits", "CommandSandbox", "SandboxUnavailable", "SessionSandbox"]

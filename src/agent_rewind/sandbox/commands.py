@@ -14,13 +14,22 @@ by hiding what is known to be secret:
 - its own user, PID, IPC, UTS and network namespaces: a fresh `/proc` that shows only the
   command's own processes (not the server's or the CLI's environment or command line), no
   network interface but its own loopback, no nested user namespaces;
-- an environment of its own (`--clearenv`): a fixed PATH, HOME and TMPDIR in the private
-  temporary directory, and nothing of the CLI's (no model credential, no messaging socket);
+- an environment of its own: bwrap itself starts from an empty one (`env -i`), the command gets
+  a fixed PATH, HOME and TMPDIR in the private temporary directory, and nothing of the CLI's (no
+  model credential, no messaging socket, no trace context);
+- nothing of the CLI or of bwrap inside: the command is the PID namespace's first process
+  (`--as-pid-1`), so `/proc/1` is the command's own shell (its environment, argv and descriptors),
+  never bwrap's with the CLI's environment and the sandbox's arguments; its standard input is
+  /dev/null, not the CLI's end of a socket pair;
+- bounded: at most `limits.processes` processes (threads count) and `limits.memory` bytes of
+  data per process (RLIMIT_NPROC and RLIMIT_DATA, set inside the sandbox's own user namespace,
+  so they count its processes only): a fork bomb fails there and leaves other sessions serving.
+  RLIMIT_NPROC binds every user but root: a service run as root has only the pod's pids limit;
 - with allowed hosts, an HTTP proxy on 127.0.0.1:3128 inside, bridged by socat to the service's
   egress proxy (sandbox/proxy.py), which lets through only those hosts.
 
 A link the agent plants in its workspace resolves inside this view, so it leads nowhere outside.
-CPU and memory are not bounded here (the pod's limits are; docs/security.md).
+CPU is not bounded here (the pod's limit is; docs/security.md).
 """
 
 from __future__ import annotations
@@ -57,6 +66,16 @@ _GITCONFIG = """\
 [init]
 \tdefaultBranch = main
 """
+
+
+@dataclass(frozen=True)
+class CommandLimits:
+    """What one sandboxed command (with everything it starts) may take."""
+
+    # Processes and threads in the sandbox at once (RLIMIT_NPROC inside its user namespace).
+    processes: int = 512
+    # Bytes of data (heap and private writable mappings) one process may map (RLIMIT_DATA).
+    memory: int = 4 << 30
 
 
 class SandboxUnavailable(Exception):
@@ -113,6 +132,7 @@ class CommandSandbox:
     proxy_socket: Path | None = None
     # Extra environment for the proxy's credentials, per session: set by the server.
     proxy_url: Mapping[str, str] = field(default_factory=dict)
+    limits: CommandLimits = field(default_factory=CommandLimits)
 
     @classmethod
     def find(cls, root: Path, *, need_socat: bool, hidden: Iterable[Path] = ()) -> CommandSandbox:
@@ -185,8 +205,10 @@ class CommandSandbox:
         proxy: bool,
         directory: Path | None = None,
         proxy_url: str = "",
+        programs: Path | None = None,
     ) -> SessionSandbox:
-        """Writes the session's sandbox (its directories and the command program) and returns it."""
+        """Writes the session's sandbox (its directories and the command program, in `programs`
+        when given, else in the session's directory) and returns it."""
         base = directory or session_dir(self.root, session_id)
         dirs = private_directories(base)
         tmp = dirs.tmp
@@ -200,12 +222,14 @@ class CommandSandbox:
         gitconfig = tmp / "home" / ".gitconfig"
         if not gitconfig.exists():
             gitconfig.write_text(_GITCONFIG)
-        command = base / "command"
+        command = (programs or base) / "command"
+        command.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         text = _script(
             self._arguments(
                 workspace, tmp, proxy=proxy and self.proxy_socket is not None, proxy_url=proxy_url
             ),
             proxy=proxy and self.proxy_socket is not None and self.socat is not None,
+            limits=self.limits,
         )
         staged = command.with_suffix(".new")
         staged.write_text(text)
@@ -221,6 +245,9 @@ class CommandSandbox:
             "--unshare-user",
             "--unshare-ipc",
             "--unshare-pid",
+            # The command is the namespace's first process: no bwrap reaper in there whose
+            # /proc/1 shows bwrap's argv, environment and descriptors (the shell reaps orphans).
+            "--as-pid-1",
             "--unshare-net",
             # A UTS namespace of its own, but no --hostname: sethostname is refused by the
             # seccomp profiles of containers without CAP_SYS_ADMIN (it failed so in the image test),
@@ -289,23 +316,28 @@ def _hide(paths: Sequence[Path], empty: Path) -> list[str]:
     return args
 
 
-def _script(args: list[str], *, proxy: bool) -> str:
-    """The program CLAUDE_CODE_SHELL_PREFIX names: its one argument is the command's text."""
+def _script(args: list[str], *, proxy: bool, limits: CommandLimits) -> str:
+    """The program CLAUDE_CODE_SHELL_PREFIX names: its one argument is the command's text.
+    bwrap starts from an empty environment and /dev/null as its input; inside, the limits are set
+    (in the sandbox's own user namespace, where RLIMIT_NPROC counts the sandbox's processes
+    alone) before the command runs."""
     passed = " ".join(f'--setenv {name} "${{{name}:-{default}}}"' for name, default in _PASSED_ON.items())
     bwrap = " ".join(shlex.quote(a) for a in args)
+    # A limit is only ever lowered here: one already lower (set by the operator) stays.
+    bound = f"ulimit -u {limits.processes} 2>/dev/null; ulimit -d {limits.memory // 1024} 2>/dev/null"
     if not proxy:
-        inner = '/bin/bash -c "$1"'
+        inner = f'{bound}; exec /bin/bash -c "$0"'
     else:
         # socat bridges the proxy's socket to a TCP port inside; the command starts once it listens.
-        bridge = (
+        inner = (
+            f"{bound}; "
             f"socat TCP-LISTEN:{PROXY_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{_PROXY_SOCKET} & "
             "i=0; while ! grep -qi ':0C38 00000000:0000 0A' /proc/net/tcp && [ $i -lt 500 ]; do "
             'sleep 0.01; i=$((i+1)); done; exec /bin/bash -c "$0"'
         )
-        inner = f'/bin/sh -c {shlex.quote(bridge)} "$1"'
     return (
         "#!/bin/sh\n"
         "# Written by agent-rewind: runs one command of the agent's in the command sandbox\n"
         "# (src/agent_rewind/sandbox/commands.py, docs/security.md).\n"
-        f"exec {bwrap} {passed} -- {inner}\n"
+        f'exec env -i {bwrap} {passed} -- /bin/bash -c {shlex.quote(inner)} "$1" </dev/null\n'
     )

@@ -4,14 +4,19 @@ The proof that the CLI runs every command through it is tests/integration/test_c
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable
+from agent_rewind.sandbox import CommandLimits, CommandSandbox, SandboxUnavailable
 
 
 @pytest.fixture
@@ -164,3 +169,111 @@ def test_the_probe_names_the_pod_settings_where_the_container_s_proc_is_masked(
     with pytest.raises(SandboxUnavailable, match="procMount: Unmasked and hostUsers: false") as err:
         sandbox.probe()
     assert "Can't mount proc" in str(err.value)
+
+
+def test_pid_1_is_the_command_itself_with_nothing_of_the_cli(
+    sandbox: CommandSandbox, host: dict[str, Path]
+) -> None:
+    """The issue's finding: pid 1 was bwrap, with the CLI's environment (the model credential),
+    the sandbox's arguments, and the CLI's socket pair as its standard input."""
+    left, right = socket.socketpair()
+    confined = sandbox.prepare("s1", host["workspace"], proxy=False)
+    assert confined.command is not None
+    try:
+        done = subprocess.run(
+            [
+                str(confined.command),
+                'tr "\\0" "\\n" </proc/1/environ; echo ===; tr "\\0" " " </proc/1/cmdline; echo ===; '
+                "readlink /proc/1/fd/0; echo ===; echo $$",
+            ],
+            stdin=left,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "ANTHROPIC_API_KEY": "sk-canary", "CLAUDE_CODE_MESSAGING_TOKEN": "tok-canary"},
+        )
+    finally:
+        left.close()
+        right.close()
+    environ, cmdline, stdin, pid = done.stdout.split("===\n")
+    assert "canary" not in done.stdout and "CLAUDE_CODE" not in environ
+    assert "bwrap" not in cmdline and str(host["state"]) not in cmdline
+    assert stdin.strip() == "/dev/null", "no way to the CLI through pid 1's input"
+    assert pid.strip() == "1"
+
+
+def _as_nobody(sandbox: CommandSandbox, base: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """The command run as an unprivileged service would run it (the image's uid 10001; here
+    65534): RLIMIT_NPROC binds every user but root."""
+    workspace = base / "workspace"
+    workspace.mkdir(parents=True)
+    confined = sandbox.prepare("s1", workspace, proxy=False)
+    for path in [base, *base.rglob("*")]:
+        os.lchown(path, 65534, 65534)
+    return subprocess.run(
+        [str(confined.command), command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd=workspace,
+    )
+
+
+# A bounded fork bomb: forks until refused (at most 2,000), each child sleeping 5 s; it reports
+# how many it made, and exits, which ends every process of the sandbox.
+BOMB = """python3 -c '
+import os, time
+made = 0
+for _ in range(2000):
+    try:
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+    except OSError as err:
+        print("refused", made, err.errno)
+        break
+    made += 1
+else:
+    print("made all", made)
+'"""
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A directory another user can reach (pytest's own are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="agent-rewind-nobody-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_fork_bomb_stops_at_the_sandbox_s_process_limit_and_others_still_fork(open_tmp: Path) -> None:
+    tmp_path = open_tmp
+    sandbox = CommandSandbox.find(tmp_path / "one", need_socat=False)
+    sandbox = dataclasses.replace(sandbox, limits=CommandLimits(processes=48))
+    with ThreadPoolExecutor(2) as pool:
+        bomb = pool.submit(_as_nobody, sandbox, tmp_path / "one", BOMB)
+        # Another session's sandbox meanwhile, same user: its processes are counted on their own.
+        other = CommandSandbox.find(tmp_path / "two", need_socat=False)
+        other = dataclasses.replace(other, limits=CommandLimits(processes=48))
+        done = pool.submit(
+            _as_nobody, other, tmp_path / "two", "for i in $(seq 20); do sleep 0.5 & done; wait; echo ok"
+        )
+        assert done.result().stdout.strip() == "ok", done.result().stderr
+        made = bomb.result()
+    assert made.stdout.split()[:1] == ["refused"], made.stdout + made.stderr
+    assert int(made.stdout.split()[1]) < 48, "the sandbox's first process counts too"
+
+
+def test_a_memory_hog_is_refused_past_the_data_limit(sandbox: CommandSandbox, host: dict[str, Path]) -> None:
+    bounded = dataclasses.replace(sandbox, limits=CommandLimits(memory=256 << 20))
+    hog = "python3 -c 'b = bytearray(512 << 20)' 2>&1 | tail -1; python3 -c 'b = bytearray(64 << 20); print(\"fits\")'"
+    done = _run(bounded, host["workspace"], hog)
+    assert done.stdout.splitlines() == ["MemoryError", "fits"], done.stdout + done.stderr
