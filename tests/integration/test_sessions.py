@@ -338,11 +338,21 @@ async def test_create_is_idempotent_by_request_id_and_sessions_are_paged(tmp_pat
         assert bad_request(err.value).field_violations[0].field == "page_token"
 
 
-async def test_a_long_or_unusual_workspace_path_still_finds_its_transcript(tmp_path: Path) -> None:
+async def test_an_unusual_workspace_path_up_to_the_bound_still_finds_its_transcript(tmp_path: Path) -> None:
+    """The CLI names a transcript's directory after the workspace, a character beyond U+FFFF as
+    two (JavaScript's count); past PROJECT_NAME_MAX it would shorten it its own way, so such a
+    workspace is refused (test_isolation.py)."""
     from agent_rewind.api.v1 import rewind_service_pb2
+    from agent_rewind.transcript.paths import PROJECT_NAME_MAX, project_name
 
     async with serve(tmp_path) as c:
-        for cwd in ("/".join(["a" * 80, "b" * 80, "c" * 80]), "my project_v2.0 (ünïcode)"):
+        crab = "a crab \U0001f980 here"
+        left = PROJECT_NAME_MAX - len(project_name(str(tmp_path / "workspaces" / crab)))
+        parts = -(-left // 51)  # components of at most 50 characters, each after a slash
+        letters = left - parts
+        at_bound = "/".join([crab] + ["d" * (letters // parts + (i < letters % parts)) for i in range(parts)])
+        assert len(project_name(str(tmp_path / "workspaces" / at_bound))) == PROJECT_NAME_MAX
+        for cwd in (at_bound, "my project_v2.0 (ünïcode)"):
             session = await c.create(cwd=cwd)
             await c.prompt(session.session_id, "say hi")
             points = await c.rewinds.ListRewindPoints(

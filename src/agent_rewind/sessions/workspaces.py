@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from agent_rewind.errors import InvalidArgument, WorkspaceInUse, WorkspaceOutsideRoot
+from agent_rewind.transcript.paths import PROJECT_NAME_MAX, project_name
 
 _MAX_PATH = 4096
 _MAX_NAME = 255  # bytes of one path component (NAME_MAX)
@@ -75,6 +76,12 @@ def resolve(
             cwd or str(path),
             [str(b) for b in bases],
             f"cwd {cwd!r} resolves outside the caller's own workspace directories {[str(b) for b in bases]}",
+        )
+    if len(project_name(str(resolved))) > PROJECT_NAME_MAX:
+        raise InvalidArgument(
+            "cwd",
+            f"resolves to a path of {len(str(resolved))} characters; a workspace's path may have at most "
+            f"{PROJECT_NAME_MAX} (the CLI names the session's transcript directory after it)",
         )
     if resolved in roots or resolved in bases:
         raise WorkspaceInUse(str(resolved), "is a workspace root; a session's workspace lies below one")

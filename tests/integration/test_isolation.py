@@ -1,0 +1,115 @@
+"""Tenant isolation, tried as an attacker would against a real server and the real CLI (issue 36):
+what a caller names, what a command sees of the CLI, what the CLI's own tools can reach."""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent_rewind.api.v1 import session_service_pb2
+from agent_rewind.transcript.paths import PROJECT_NAME_MAX
+from tests.integration.harness import bad_request, error_info, serve
+from tests.integration.test_confinement import _options, _tool
+
+
+def _cwd(root: Path, length: int) -> str:
+    """A relative cwd whose absolute path under `root` has `length` characters."""
+    left = length - len(str(root)) - 1
+    parts = []
+    while left > 0:
+        part = "d" * min(60, left)
+        if left - len(part) == 1:  # no component of one character left over with its slash
+            part = part[:-2]
+        parts.append(part)
+        left -= len(part) + 1
+    return "/".join(parts)
+
+
+@pytest.mark.parametrize("length", [PROJECT_NAME_MAX + 1, 252, 256, 261, 1000])
+async def test_a_workspace_path_too_long_for_the_transcript_s_name_is_a_clean_invalid_argument(
+    tmp_path: Path, length: int
+) -> None:
+    """The issue: a relative cwd of 252 to 261 characters was INTERNAL (ENAMETOOLONG), at
+    CreateSession and at ForkSession."""
+    async with serve(tmp_path / "state") as c:
+        root = tmp_path / "state" / "workspaces"
+        cwd = _cwd(root, length)
+        assert len(str(root / cwd)) == length
+        source = await c.create()
+        for call in (
+            c.create(cwd=cwd),
+            c.sessions.ForkSession(
+                session_service_pb2.ForkSessionRequest(session_id=source.session_id, cwd=cwd)
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_info(err.value).reason == "INVALID_ARGUMENT"
+            assert [v.field for v in bad_request(err.value).field_violations] == ["cwd"]
+
+
+async def test_a_workspace_path_at_the_bound_is_served(tmp_path: Path) -> None:
+    async with serve(tmp_path / "state") as c:
+        root = tmp_path / "state" / "workspaces"
+        session = await c.create(cwd=_cwd(root, PROJECT_NAME_MAX))
+        assert len(session.cwd) == PROJECT_NAME_MAX
+        await c.prompt(session.session_id, "write a.txt one")
+        assert (Path(session.cwd) / "a.txt").read_text() == "one\n"
+
+
+# The race (issue 36): the hook resolves a file tool's path and allows it; the CLI opens it
+# later; a background command swaps the path for a link meanwhile. Each round is one Read, Write
+# or Edit while a file (or a directory) flips between itself and a link to another session's
+# workspace. AGENT_REWIND_RACE_ROUNDS sets the rounds per kind (make attack: 1,000).
+ROUNDS = int(os.environ.get("AGENT_REWIND_RACE_ROUNDS", "25"))
+SWAP = r"""end=$(( $(date +%s) + {seconds} )); i=0
+while [ $(date +%s) -lt $end ]; do
+  ln -sfn {secret} x.new && mv -Tf x.new x; printf 'old\n' > x.new && mv -Tf x.new x
+  ln -sfn {theirs} d.new && mv -Tf d.new d; rm -rf d.dir; mkdir d.dir && printf 'old\n' > d.dir/f && mv -Tf d.dir d 2>/dev/null
+  i=$((i+1))
+done; echo swapped $i"""
+
+
+async def test_a_path_swapped_for_a_link_during_a_file_tool_never_reaches_another_workspace(
+    tmp_path: Path,
+) -> None:
+    async with serve(tmp_path / "state") as c:
+        victim = await c.create()
+        await c.prompt(victim.session_id, "write secret.txt old victim's secret")
+        theirs = Path(victim.cwd)
+        secret = theirs / "secret.txt"
+        before = secret.read_bytes()
+        session = await c.create(options=_options(allowed_tools=["Bash"]))
+        sid, cwd = session.session_id, Path(session.cwd)
+        (cwd / "x").write_text("old\n")
+        (cwd / "d").mkdir()
+        (cwd / "d" / "f").write_text("old\n")
+        seconds = max(30, ROUNDS // 3)
+        swap = SWAP.format(seconds=seconds, secret=secret, theirs=theirs)
+        (cwd / "swap.sh").write_text(swap)
+        await c.prompt(sid, _tool("Bash", command="sh swap.sh", run_in_background=True))
+        lines = []
+        for i in range(ROUNDS):
+            lines += [
+                "read x",
+                "read d/f",
+                f"write d/new{i}.txt pwned",
+                "edit x old => pwned",
+                "edit d/f old => pwned",
+            ]
+        results: list[str] = []
+        for start in range(0, len(lines), 50):
+            events = await c.prompt(sid, "\n".join(lines[start : start + 50]))
+            results += [e.tool_result.content for e in events if e.HasField("tool_result")]
+        print("RACE", collections.Counter(r.split("\n")[0][:60] for r in results).most_common(12))
+        assert len(results) >= len(lines)
+        assert not [r for r in results if "victim's secret" in r], "a read reached the other workspace"
+        assert secret.read_bytes() == before, "an edit reached the other workspace"
+        assert sorted(p.name for p in theirs.iterdir()) == ["secret.txt"], "a write reached it"
+        # The race was run: some calls found the file, some the link (refused by the hook or the kernel).
+        assert any("old" in r for r in results) and any(r for r in results if "old" not in r)
