@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import baggage, propagate
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import TracerProvider
 
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
@@ -206,3 +209,33 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+async def test_a_caller_s_trace_context_never_reaches_the_cli_s_environment(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """The issue: with tracing on, the SDK wrote the caller's traceparent, tracestate and baggage
+    into the CLI's environment, past the allowlist, and later turns (another caller's) carried it."""
+    provider = TracerProvider()
+    client = _client(_spec(tmp_path, model))
+    with provider.get_tracer("test").start_as_current_span("a caller's call"):
+        ctx = baggage.set_baggage("tenant", "caller-secret")
+        token = otel_context.attach(ctx)
+        try:
+            assert "traceparent" in _injected() and "baggage" in _injected(), "the caller has a context"
+            await client.start()
+        finally:
+            otel_context.detach(token)
+    try:
+        environ = (Path("/proc") / str(client.pid) / "environ").read_bytes().decode(errors="replace")
+        names = {item.split("=", 1)[0].upper() for item in environ.split("\0") if "=" in item}
+        assert not names & {"TRACEPARENT", "TRACESTATE", "BAGGAGE"}, names
+        assert "caller-secret" not in environ
+    finally:
+        await client.close()
+
+
+def _injected() -> dict[str, str]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier

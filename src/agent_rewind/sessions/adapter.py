@@ -44,6 +44,7 @@ from claude_agent_sdk import (
     ToolUseBlock,
     UserMessage,
 )
+from opentelemetry import context as otel_context
 
 from agent_rewind.sessions import tools
 from agent_rewind.sessions.events import (
@@ -106,6 +107,9 @@ class ClientSpec:
     stderr: Callable[[str], None] | None = None
     # Operator opt-in for trusted deployments: let the CLI read the workspace's .claude/ settings.
     project_settings: bool = False
+    # The program run as the CLI: the bundled binary, or the launcher that confines it
+    # (sandbox/cli.py).
+    cli_path: Path | None = None
 
 
 def offered_tools(spec: ClientSpec) -> list[str]:
@@ -142,7 +146,7 @@ def build_options(spec: ClientSpec, policy: ToolPolicy) -> ClaudeAgentOptions:
     kwargs.update(
         # The only tools that exist for the agent, in subagents too (sessions/tools.py).
         tools=offered_tools(spec),
-        cli_path=str(cli_binary()),
+        cli_path=str(spec.cli_path or cli_binary()),
         cwd=str(spec.cwd),
         enable_file_checkpointing=spec.checkpointing,
         # Replayed user messages carry the prompt's transcript uuid: the rewind point id.
@@ -336,6 +340,11 @@ class SdkAgentClient:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def host() -> None:
+            # The SDK writes the current trace context into the CLI's environment (TRACEPARENT,
+            # TRACESTATE, BAGGAGE, whatever the propagators carry): the first caller's, which
+            # every later turn, another caller's too, would carry. The CLI starts from none (this
+            # task's own context); the service's spans carry the caller's.
+            otel_context.attach(otel_context.Context())
             try:
                 await self._client.connect()
             except BaseException as err:
