@@ -7,7 +7,7 @@ ARGS ?=
 RUNTIME := $(VENV)/.installed-runtime-$(shell cat pyproject.toml requirements/runtime.txt | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint fmt proto docs demo bench soak fuzz mutants image-test compat lock clean system
+.PHONY: run test lint fmt proto docs demo bench soak fuzz attack mutants image-test compat lock clean system
 
 $(RUNTIME): pyproject.toml requirements/runtime.txt
 	@PYTHON=$(PYTHON) sh scripts/install.sh runtime
@@ -59,6 +59,9 @@ fuzz: $(STAMP) system  ## every hostile-input property and RPC fuzz with at leas
 	AGENT_REWIND_FUZZ=1 AGENT_REWIND_WATCH_EXAMPLES=3000 $(PY) -m pytest tests/unit/test_hostile_input.py \
 		tests/integration/test_fuzz.py tests/unit/snapshots/test_watch.py \
 		-p no:cacheprovider --hypothesis-show-statistics -q $(ARGS)
+
+attack: $(STAMP) system  ## the tenant-isolation attacks at full strength: a path swapped for a link during 5,000 file-tool calls of the real CLI (minutes)
+	AGENT_REWIND_RACE_ROUNDS=1000 $(PY) -m pytest tests/integration/test_isolation.py -k swapped -p no:cacheprovider -q $(ARGS)
 
 image-test: $(STAMP) system  ## build the image from the Dockerfile and run it as the pod does (minutes; root, buildah, podman)
 	$(PY) scripts/image_test.py $(ARGS)

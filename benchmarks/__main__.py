@@ -12,7 +12,18 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import events, memory, overhead, points, replicas, rewind, sandbox, snapshots, webhooks
+from benchmarks import (
+    confinement,
+    events,
+    memory,
+    overhead,
+    points,
+    replicas,
+    rewind,
+    sandbox,
+    snapshots,
+    webhooks,
+)
 from benchmarks.common import Report, machine
 from benchmarks.docs import DOC, update_results
 
@@ -26,6 +37,7 @@ BENCHMARKS = (
     "replicas",
     "sandbox",
     "webhooks",
+    "confinement",
 )
 
 
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "snapshots": lambda: snapshots.run(work / "snapshots", quick=args.quick),
         "replicas": lambda: replicas.run(work / "replicas", quick=args.quick),
         "sandbox": lambda: sandbox.run(work / "sandbox", quick=args.quick),
+        "confinement": lambda: confinement.run(work / "confinement", quick=args.quick),
         "webhooks": lambda: webhooks.run(
             work / "webhooks", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 20
         ),

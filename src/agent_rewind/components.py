@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -29,9 +30,11 @@ from agent_rewind.events import EventHub
 from agent_rewind.metrics import MetricsServer
 from agent_rewind.replicas import Owners
 from agent_rewind.rpc.forwarding import Forwarder
-from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, environment
+from agent_rewind.sandbox import CommandLimits, CommandSandbox, SandboxUnavailable, environment
+from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement
 from agent_rewind.sandbox.commands import private_directories, session_dir
 from agent_rewind.sandbox.proxy import EgressProxy, HostPattern, HostPatternError, Reached
+from agent_rewind.sessions import adapter
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.adapter import AgentClient, ClientSpec, SdkAgentClient
 from agent_rewind.sessions.live import LiveSlots
@@ -44,6 +47,7 @@ from agent_rewind.snapshots import git as snapshot_git
 from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
+from agent_rewind.transcript.paths import transcript_path
 from agent_rewind.webhooks import SecretFileError, Subscription, SubscriptionError, Webhooks
 from agent_rewind.webhooks import read_secret_file as read_webhook_keys
 from agent_rewind.webhooks import subscriptions as webhook_subscriptions
@@ -107,6 +111,8 @@ async def open_sandbox(
     root = config.sessions_dir
     try:
         sandbox = CommandSandbox.find(root, need_socat=bool(patterns), hidden=service_files(config))
+        limits = CommandLimits(processes=config.sandbox_max_processes, memory=config.sandbox_max_memory)
+        sandbox = dataclasses.replace(sandbox, limits=limits)
         await asyncio.to_thread(sandbox.probe)
     except SandboxUnavailable as err:
         raise StartError(str(err), usage=True) from err
@@ -120,6 +126,34 @@ async def open_sandbox(
         "sandbox on: commands confined, network only to the allowed hosts", hosts=[str(p) for p in patterns]
     )
     return dataclasses.replace(sandbox, proxy_socket=proxy.socket_path), proxy
+
+
+async def open_cli_confinement(config: Config) -> CliConfinement | None:
+    """The CLI process's own confinement (sandbox/cli.py), checked to work here."""
+    if config.cli_confinement == "off":
+        log.warning(
+            "cli confinement off (--cli-confinement off): the CLI's file tools are confined by the "
+            "service's checks alone, which a command racing them can pass"
+        )
+        return None
+    root = config.sessions_dir
+    try:
+        confinement = CliConfinement.find(
+            root, config.claude_config_dir, adapter.cli_binary(), hidden=service_files(config)
+        )
+        probe = root / "probe-cli-check"
+        workspace, outside = probe / "workspace", probe / "outside"
+        workspace.mkdir(parents=True, exist_ok=True)
+        outside.write_text("not for the CLI\n")
+        try:
+            await asyncio.to_thread(confinement.probe, workspace, outside)
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+            shutil.rmtree(root / "probe-cli", ignore_errors=True)
+    except SandboxUnavailable as err:
+        raise StartError(str(err), usage=True) from err
+    log.info("cli confined", confinement="landlock", abi=confinement.abi)
+    return confinement
 
 
 def start_model(made: Made, backend: str) -> ScriptedModel | None:
@@ -201,25 +235,38 @@ def open_snapshots(made: Made, config: Config, ledger: Ledger) -> Snapshots | No
 
 
 def default_factory(
-    config: Config, sandbox: CommandSandbox | None = None, proxy: EgressProxy | None = None
+    config: Config,
+    sandbox: CommandSandbox | None = None,
+    proxy: EgressProxy | None = None,
+    cli: CliConfinement | None = None,
 ) -> ClientFactory:
     def make(spec: ClientSpec) -> AgentClient:
         policy = ToolPolicy(spec.cwd, spec.options.get("allowed_tools") or ())
         if proxy is not None:
             proxy.narrow(spec.session_id, session_options.sandbox_hosts(spec.options))
+        base = session_dir(config.sessions_dir, spec.session_id)
         # Its own temporary, scratch and runtime directories (erased with it), and with the
-        # sandbox on, the program that confines its commands.
+        # sandbox on, the program that confines its commands (where a confined CLI cannot write).
         own = (
             sandbox.prepare(
                 spec.session_id,
                 spec.cwd,
                 proxy=proxy is not None,
                 proxy_url=proxy.url(spec.session_id) if proxy is not None else "",
+                programs=base / PROGRAMS if cli is not None else None,
             )
             if sandbox is not None
-            else private_directories(session_dir(config.sessions_dir, spec.session_id))
+            else private_directories(base)
         )
-        spec = dataclasses.replace(spec, env={**spec.env, **own.environment()})
+        env = {**spec.env, **own.environment()}
+        if cli is not None:
+            transcript = transcript_path(config.claude_config_dir, str(spec.cwd), spec.session_id)
+            confined = cli.prepare(
+                spec.session_id, spec.cwd, own, transcript_dir=transcript.parent, base=base
+            )
+            env.update(confined.env)
+            spec = dataclasses.replace(spec, cli_path=confined.path)
+        spec = dataclasses.replace(spec, env=env)
         return SdkAgentClient(spec, policy, connect_timeout=config.connect_timeout)
 
     return make

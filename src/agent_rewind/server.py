@@ -264,6 +264,7 @@ async def _make(
             worker.reached(host, port)
 
     sandbox, proxy = await components.open_sandbox(made, config, reached=reached)
+    confinement = await components.open_cli_confinement(config)
     model = components.start_model(made, backend)
     ledger = await components.open_ledger(made, config)
     hub = await components.start_events(made, ledger, config)
@@ -323,7 +324,7 @@ async def _make(
         secret = (await ledger.secret("replica_forwarding")).hex()
     ctx = WorkerContext(
         ledger=ledger,
-        client_factory=client_factory or components.default_factory(config, sandbox, proxy),
+        client_factory=client_factory or components.default_factory(config, sandbox, proxy, confinement),
         cli_env=cli_environment(config, model),
         claude_config_dir=config.claude_config_dir,
         idle_timeout=config.idle_timeout,
@@ -358,6 +359,7 @@ async def _make(
             membership,
             forwarder,
             sandbox_hosts=tuple(config.sandbox_allow_hosts) if sandbox is not None else None,
+            landlock_abi=confinement.abi if confinement is not None else 0,
             max_watch_streams=config.max_watch_streams_per_principal,
         ),
     )

@@ -63,6 +63,18 @@ def unix(path):
     finally:
         s.close()
 out["unix"] = {p: attempt(lambda p=p: unix(p)) for p in targets["unix"]}
+# The PID namespace's first process: what the issue found there was bwrap, with the CLI's
+# environment, the sandbox's arguments and the CLI's socket pair as its input.
+def whole(fn):
+    try:
+        return "ok:" + str(fn())
+    except Exception as err:
+        return "refused:" + type(err).__name__
+out["proc1"] = {
+    name: whole(lambda name=name: open(f"/proc/1/{name}", "rb").read().decode(errors="replace"))
+    for name in ("environ", "cmdline")
+}
+out["proc1"]["fds"] = whole(lambda: {fd: os.readlink(f"/proc/1/fd/{fd}") for fd in os.listdir("/proc/1/fd")})
 open(f"report-{sys.argv[1]}.json", "w").write(json.dumps(out))
 """
 
@@ -331,6 +343,16 @@ async def test_bash_background_and_subagent_commands_reach_nothing_outside_the_w
         )
         assert "CLAUDE_CODE_MESSAGING" not in text, (who, "no way to the CLI's own messaging socket")
         assert max(report["pids"]) < 20, (who, "a PID namespace of its own", report["pids"])
+        first = report["proc1"]
+        assert first["cmdline"].startswith("ok:") and "bwrap" not in first["cmdline"], (who, first)
+        # (The command's own text names the session's temporary directory, as the CLI wrote it.)
+        assert "--ro-bind" not in first["cmdline"] and str(state / "claude") not in json.dumps(first), (
+            who,
+            "none of the sandbox's arguments at pid 1",
+            first,
+        )
+        assert "PATH=" in first["environ"] and "ANTHROPIC" not in first["environ"], (who, first)
+        assert eval(first["fds"][3:]).get("0") == "/dev/null", (who, "no way to the CLI at pid 1", first)
     assert not outside.exists() and not (Path(other.cwd) / "pwned.txt").exists()
     assert not (state / "pwned.txt").exists()
 
@@ -353,11 +375,11 @@ async def test_a_planted_link_leads_nowhere_outside(tmp_path: Path) -> None:
 
 
 async def test_a_replaced_workspace_is_never_written_through(tmp_path: Path) -> None:
-    """With the sandbox off (so the agent can move its workspace aside and plant a link in its
-    place, as it could before), a files rewind refuses rather than writing where the link leads."""
+    """With both confinements off (so the agent can move its workspace aside and plant a link in
+    its place, as it could before), a files rewind refuses rather than writing where the link leads."""
     target = tmp_path / "target"
     target.mkdir()
-    async with serve(tmp_path / "state", workspace_snapshots=True, sandbox="off") as c:
+    async with serve(tmp_path / "state", workspace_snapshots=True, sandbox="off", cli_confinement="off") as c:
         session = await c.create(options=_options(allowed_tools=["Bash"]))
         sid, cwd = session.session_id, Path(session.cwd)
         first = prompt_id(await c.prompt(sid, "write a.txt one"))
@@ -369,6 +391,19 @@ async def test_a_replaced_workspace_is_never_written_through(tmp_path: Path) -> 
             await c.rewind(sid, first, FILES)
         assert error_info(refused.value).reason == "WORKSPACE_OUTSIDE_ROOT"
         assert list(target.iterdir()) == [], "nothing written through the link"
+
+
+async def test_a_confined_cli_cannot_move_its_workspace_even_with_the_command_sandbox_off(
+    tmp_path: Path,
+) -> None:
+    """The same attack with the CLI confined (the default): its commands run in its Landlock
+    domain, which may write inside the workspace, not the directory that holds it."""
+    async with serve(tmp_path / "state", sandbox="off") as c:
+        session = await c.create(options=_options(allowed_tools=["Bash"]))
+        sid, cwd = session.session_id, Path(session.cwd)
+        await c.prompt(sid, f"bash cd .. && mv {cwd.name} moved; ln -s /tmp {cwd.name}; echo x > ../planted")
+        assert cwd.is_dir() and not cwd.is_symlink()
+        assert not (cwd.parent / "moved").exists() and not (cwd.parent / "planted").exists()
 
 
 async def test_a_tampered_ledger_row_cannot_move_a_workspace_outside_the_roots(tmp_path: Path) -> None:

@@ -92,7 +92,11 @@ async def test_a_session_has_exactly_one_cli_process_below_the_server(tmp_path: 
         mine = [p for p in cli_processes() if p.names(first.session_id)]
         assert len(mine) == 1
         assert os.readlink(f"/proc/{mine[0].pid}/exe") == str(cli_binary().resolve())
-        assert mine[0].environ()["CLAUDE_CONFIG_DIR"] == str(tmp_path / "claude")
+        # A config dir of its own, whose transcripts and file history are the shared ones.
+        own = Path(mine[0].environ()["CLAUDE_CONFIG_DIR"])
+        assert own == tmp_path / "sessions" / first.session_id / "config"
+        assert (own / "projects").resolve() == (tmp_path / "claude" / "projects").resolve()
+        assert cli_pids(first.session_id, config_dir=tmp_path / "claude") == [mine[0].pid]
         assert len(cli_pids(second.session_id)) == 1
         assert set(cli_pids()) >= set(cli_pids(first.session_id) + cli_pids(second.session_id))
     await asyncio.sleep(0)

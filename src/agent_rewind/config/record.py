@@ -107,6 +107,12 @@ class Config:
     # its commands may reach through the egress proxy ("host", "host:port", "*.domain").
     sandbox: Literal["on", "off"] = "on"
     sandbox_allow_hosts: tuple[str, ...] = ()
+    # What one sandboxed command, with all it starts, may take: processes and threads at once,
+    # and bytes of data per process (sandbox/commands.py, CommandLimits).
+    sandbox_max_processes: int = 512
+    # The CLI process itself confined by the kernel (sandbox/cli.py): "landlock" or "off".
+    cli_confinement: Literal["landlock", "off"] = "landlock"
+    sandbox_max_memory: int = 4 << 30
     # A file holding the database password (a Secret mounted as a file), rather than the URL.
     database_password_file: Path | None = None
     # Webhook delivery (webhooks/): the URLs every event is POSTed to, the file of the keys that

@@ -170,6 +170,30 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         default_help="none",
     ),
     Flag(
+        "--cli-confinement",
+        "cli_confinement",
+        "landlock: the Claude Code process is confined by the kernel to its workspace and its session's "
+        "own files, whatever its tools are asked (needs Landlock ABI 3, Linux 6.2; docs/security.md); "
+        "off: only the service's checks confine its file tools",
+        choices=("landlock", "off"),
+    ),
+    Flag(
+        "--sandbox-max-processes",
+        "sandbox_max_processes",
+        "processes (threads count) one sandboxed command may have at once, with all it starts: a fork "
+        "bomb stops there (not enforced when the service runs as root: the pod's pids limit is)",
+        convert=positive_int,
+        metavar="N",
+    ),
+    Flag(
+        "--sandbox-max-memory",
+        "sandbox_max_memory",
+        "bytes of data (heap and private writable memory) one process of a sandboxed command may map",
+        convert=positive_int,
+        metavar="BYTES",
+        default_help="4294967296 (4 GiB)",
+    ),
+    Flag(
         "--allow-bypass-permissions",
         "allow_bypass_permissions",
         "let callers set permission_mode bypassPermissions (skips the service's tool policy)",

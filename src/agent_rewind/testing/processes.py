@@ -78,8 +78,8 @@ def _is_cli(pid: int, binary: Path) -> bool:
 
 def cli_processes(root: int | None = None, *, config_dir: Path | None = None) -> list[CliProcess]:
     """Live Claude Code processes, oldest pid first: those below `root` (default: this process),
-    or, with `config_dir`, every one on the machine whose CLAUDE_CONFIG_DIR is that directory,
-    whatever became of its parent (a server that died leaves its CLI processes to init)."""
+    or, with `config_dir`, every one on the machine that keeps its transcripts there (its
+    CLAUDE_CONFIG_DIR, or its own config dir's `projects` link), whatever became of its parent (a server that died leaves its CLI processes to init)."""
     binary = cli_binary().resolve()
     if config_dir is not None:
         candidates = [int(e.name) for e in _PROC.iterdir() if e.name.isdigit()]
@@ -95,12 +95,23 @@ def cli_processes(root: int | None = None, *, config_dir: Path | None = None) ->
         except OSError:
             continue
         process = CliProcess(pid, st[1], tuple(a.decode(errors="replace") for a in argv if a))
-        if config_dir is None or process.environ().get("CLAUDE_CONFIG_DIR") == str(config_dir):
+        if config_dir is None or _serves(process, config_dir):
             found.append(process)
     # A CLI starting a program (a shell for Bash, git, ripgrep) forks first: until the child
     # execs, it is a copy of its parent, same binary and arguments. It is that CLI's, not another.
     pids = {p.pid for p in found}
     return sorted((p for p in found if p.ppid not in pids), key=lambda p: p.pid)
+
+
+def _serves(process: CliProcess, config_dir: Path) -> bool:
+    """Whether a CLI keeps its transcripts in `config_dir`: its CLAUDE_CONFIG_DIR, or a confined
+    CLI's own config dir whose `projects` leads there (sandbox/cli.py)."""
+    own = process.environ().get("CLAUDE_CONFIG_DIR")
+    if own is None:
+        return False
+    if own == str(config_dir):
+        return True
+    return os.path.realpath(Path(own) / "projects") == os.path.realpath(config_dir / "projects")
 
 
 def cli_pids(

@@ -1,0 +1,318 @@
+"""The Claude Code CLI, confined by the kernel (Landlock), and its commands' door out of that.
+
+Run as a session's CLI path (sandbox/cli.py writes the program that runs it), by the Python the
+service runs on, with `-I -S`: it imports nothing but the standard library.
+
+    python -I -S launcher.py cli RULES -- CLI [ARG...]
+    python -I -S launcher.py run SOCKET COMMAND
+    python -I -S launcher.py abi
+
+`cli` forks. The child makes itself a Landlock domain from RULES (a JSON file: the paths it may
+read and run, those it may also write, the devices it may use) and executes the CLI: from then on
+the kernel refuses the CLI, and everything it starts, any other file, whatever a check in user
+space allowed (a path swapped for a link between the check and the open reaches nothing). It may
+not signal, ptrace or read `/proc` of a process outside its domain either (when the service is
+not root: root keeps CAP_SYS_PTRACE). The parent stays outside the domain as the CLI's door for
+commands: the command sandbox is bubblewrap, which mounts, and no process in a Landlock domain may
+mount. It listens on SOCKET (in the session's runtime directory); `run`, which the CLI runs for
+each command (CLAUDE_CODE_SHELL_PREFIX), passes it the command's text and its standard streams,
+and the parent runs the session's sandbox program with them, returns the exit status, and kills
+the sandbox when `run` goes away (the CLI stopped or killed the command). When the CLI exits, the
+parent exits with its status; a SIGTERM or SIGINT it gets is passed on to the CLI, and the CLI
+gets SIGKILL if the parent dies.
+
+`abi` prints the kernel's Landlock ABI version (0: none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from typing import Any
+
+_SYS_CREATE_RULESET = 444
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
+
+# Filesystem access rights, by the ABI that introduced them.
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
+REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
+_FS_LATEST = (1 << 16) - 1  # ABI 5 and later
+_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+# Scopes (ABI 6): no abstract unix socket or signal reaches a process outside the domain.
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+# The least ABI the service confines with: 3 handles truncate(2), which 1 and 2 let through.
+MIN_ABI = 3
+
+ACCESS = {
+    "read": EXECUTE | READ_FILE | READ_DIR,
+    "write": _FS_LATEST,
+    "device": READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV,
+}
+
+_STATUS = struct.Struct("!i")
+_HEADER = struct.Struct("!I")
+_MAX_REQUEST = 8 << 20
+
+
+class _Attr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi() -> int:
+    """The kernel's Landlock ABI version; 0 when Landlock is not there (or not enabled)."""
+    if sys.platform != "linux":
+        return 0
+    version = _libc().syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
+    return int(version) if version > 0 else 0
+
+
+def _error(what: str) -> OSError:
+    errno = ctypes.get_errno()
+    return OSError(errno, f"landlock {what}: {os.strerror(errno)}")
+
+
+def restrict(rules: list[dict[str, str]]) -> int:
+    """Makes the calling thread a Landlock domain where only `rules` ({"path", "access"}: read,
+    write or device) are allowed of the filesystem; every right this kernel's ABI knows is
+    handled, so whatever the rules do not grant is refused. A path that does not exist is
+    skipped. Returns the ABI used."""
+    version = abi()
+    if version < MIN_ABI:
+        raise OSError(f"Landlock ABI {version} is below {MIN_ABI}")
+    handled = _FS_BY_ABI.get(version, _FS_LATEST)
+    libc = _libc()
+    attr = _Attr(handled, 0, _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if version >= 6 else 0)
+    size = 24 if version >= 6 else 16 if version >= 4 else 8
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    if ruleset < 0:
+        raise _error("create_ruleset")
+    try:
+        for rule in rules:
+            try:
+                fd = os.open(rule["path"], os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                allowed = ACCESS[rule["access"]] & handled
+                if not os.path.isdir(f"/proc/self/fd/{fd}"):
+                    allowed &= _FILE_RIGHTS
+                beneath = _PathBeneath(allowed, fd)
+                if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(beneath), 0):
+                    raise _error(f"add_rule {rule['path']}")
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
+            raise _error("no_new_privs")
+        if libc.syscall(_SYS_RESTRICT_SELF, ruleset, 0):
+            raise _error("restrict_self")
+    finally:
+        os.close(ruleset)
+    return version
+
+
+# The door for commands (the parent's side).
+
+# The sandboxes running, each a process group: ended when the CLI exits.
+_RUNNING: set[int] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _addressable(path: str) -> str:
+    """A name for the socket at `path` within AF_UNIX's 108 bytes: through its directory's
+    descriptor (`/proc/self/fd/N/NAME`) when the path itself is longer."""
+    if len(os.fsencode(path)) < 100:
+        return path
+    directory = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+
+
+def _recv_exact(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def _serve_one(conn: socket.socket, program: str) -> None:
+    """Runs one command: its request, its streams, its exit status back; killed when `run` goes."""
+    fds: list[int] = []
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
+        if len(head) < _HEADER.size:
+            head += _recv_exact(conn, _HEADER.size - len(head))
+        (size,) = _HEADER.unpack(head)
+        if size > _MAX_REQUEST or len(fds) != 3:
+            return
+        request = json.loads(_recv_exact(conn, size))
+        env = {k: v for k, v in request["env"].items() if isinstance(k, str) and isinstance(v, str)}
+        proc = subprocess.Popen(
+            [program, str(request["command"])],
+            stdin=fds[0],
+            stdout=fds[1],
+            stderr=fds[2],
+            env={"PATH": "/usr/bin:/bin", **env},
+            start_new_session=True,
+        )
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc.pid)
+        for fd in fds:
+            os.close(fd)
+        fds = []
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            ready, _, _ = select.select([conn.fileno(), pidfd], [], [])
+        finally:
+            os.close(pidfd)
+        if pidfd in ready or proc.poll() is not None:
+            code = proc.wait()
+            conn.sendall(_STATUS.pack(code if code >= 0 else 128 - code))
+        # Else `run` went away (its command was stopped): the finally below ends the sandbox.
+    except (OSError, ValueError, KeyError, TypeError, ConnectionError):
+        pass
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if proc is not None:
+            if proc.poll() is None:
+                _end(proc.pid)
+                proc.wait()
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc.pid)
+        conn.close()
+
+
+def _end(group: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+
+
+def _door(listener: socket.socket, program: str) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_serve_one, args=(conn, program), daemon=True).start()
+
+
+def _cli(rules_path: str, argv: list[str]) -> int:
+    with open(rules_path, encoding="utf-8") as f:
+        rules = json.load(f)
+    listener: socket.socket | None = None
+    if rules.get("door"):
+        path = rules["door"]["socket"]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        listener.bind(_addressable(path))
+        os.chmod(path, 0o600)
+        listener.listen(64)
+    child = os.fork()
+    if child == 0:
+        try:
+            if listener is not None:
+                listener.close()
+            _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() == 1:  # the parent died before the line above
+                os._exit(137)
+            restrict(rules["paths"])
+            os.execv(argv[0], argv)
+        except BaseException as err:  # the child never returns into the parent's code
+            try:
+                os.write(2, f"agent-rewind: the CLI could not be confined: {err}\n".encode())
+            finally:
+                os._exit(126)
+    # The parent: out of the CLI's pipes (its reader sees their end when the CLI's is closed).
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda number, frame: os.kill(child, number))
+    if listener is not None:
+        threading.Thread(target=_door, args=(listener, rules["door"]["program"]), daemon=True).start()
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:
+            return 1
+        except InterruptedError:
+            continue
+    with _RUNNING_LOCK:
+        for group in _RUNNING:
+            _end(group)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _run(path: str, command: str) -> int:
+    """One command, through the door: the CLI's side."""
+    names = ("GIT_EDITOR", "CLAUDECODE", "COREPACK_ENABLE_AUTO_PIN", "LANG", "TERM")
+    env = {k: os.environ[k] for k in names if k in os.environ}
+    request = json.dumps({"command": command, "env": env}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    streams = []
+    for fd in (0, 1, 2):  # one the CLI left closed is /dev/null
+        try:
+            os.fstat(fd)
+            streams.append(fd)
+        except OSError:
+            streams.append(os.open(os.devnull, os.O_RDWR))
+    try:
+        conn.connect(_addressable(path))
+        socket.send_fds(conn, [_HEADER.pack(len(request))], streams)
+        conn.sendall(request)
+        code = int(_STATUS.unpack(_recv_exact(conn, _STATUS.size))[0])
+    except (OSError, ConnectionError) as err:
+        os.write(2, f"agent-rewind: the command could not be run: {err}\n".encode())
+        return 126
+    finally:
+        conn.close()
+    return code
+
+
+def main(args: list[str]) -> int:
+    if args[:1] == ["abi"]:
+        print(abi())
+        return 0
+    if len(args) >= 4 and args[0] == "cli" and args[2] == "--":
+        return _cli(args[1], args[3:])
+    if len(args) == 3 and args[0] == "run":
+        return _run(args[1], args[2])
+    os.write(2, b"usage: launcher.py cli RULES -- CLI [ARG...] | run SOCKET COMMAND | abi\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,192 @@
+"""The CLI's confinement (sandbox/cli.py, sandbox/launcher.py), run for real with Landlock: what a
+process confined as a session's CLI can and cannot reach, whatever path it is handed. A swap that
+wins the race against the service's check is a link already in place when the process opens it:
+these tests plant it first.
+
+The proof that the service starts every CLI this way is tests/integration/test_isolation.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, launcher
+from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement
+from agent_rewind.sandbox.commands import private_directories
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> dict[str, Path]:
+    state = tmp_path / "state"
+    config = state / "claude"
+    mine = state / "workspaces" / "mine"
+    theirs = state / "workspaces" / "theirs"
+    for d in (mine, theirs, config / "projects" / "theirs"):
+        d.mkdir(parents=True)
+    (theirs / "secret.txt").write_text("theirs\n")
+    (config / "projects" / "theirs" / "t.jsonl").write_text("their transcript\n")
+    (state / "ledger.sqlite3").write_text("ledger\n")
+    (mine / "own.txt").write_text("mine\n")
+    return {"state": state, "config": config, "mine": mine, "theirs": theirs}
+
+
+def _confined(host: dict[str, Path], *, door: bool = False) -> tuple[CliConfinement, Path]:
+    """A session's confinement, and the rules its CLI is started with."""
+    root = host["state"] / "sessions"
+    cli = CliConfinement.find(root, host["config"], Path("/bin/true"), hidden=[host["state"]])
+    base = root / "s1"
+    own = private_directories(base)
+    if door:
+        sandbox = CommandSandbox.find(root, need_socat=False, hidden=[host["state"]])
+        own = sandbox.prepare("s1", host["mine"], proxy=False, programs=base / PROGRAMS)
+    cli.prepare("s1", host["mine"], own, transcript_dir=host["config"] / "projects" / "mine", base=base)
+    return cli, base / PROGRAMS / "cli.json"
+
+
+def _run(rules: Path, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-I", "-S", launcher.__file__, "cli", str(rules), "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _sh(rules: Path, script: str) -> subprocess.CompletedProcess[str]:
+    return _run(rules, "/bin/sh", "-c", script)
+
+
+def test_the_kernel_has_a_landlock_the_service_can_use() -> None:
+    assert launcher.abi() >= launcher.MIN_ABI, "this machine's kernel is the one the suite runs on"
+
+
+def test_a_confined_cli_works_in_its_workspace_and_its_own_files(host: dict[str, Path]) -> None:
+    _, rules = _confined(host)
+    done = _sh(
+        rules,
+        "cat own.txt && echo new > new.txt && mkdir d && mv new.txt d/ && rm d/new.txt && "
+        f"echo line >> {host['config']}/projects/mine/s1.jsonl && "
+        f"echo backup > {host['config']}/file-history/s1/b@v1 && "
+        f"echo kept > {host['state']}/sessions/s1/config/x.json && ls /usr/bin/env >/dev/null",
+    )
+    # (cwd: the workspace, as the SDK starts the CLI)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "mine\n"
+
+
+@pytest.fixture(autouse=True)
+def _in_workspace(host: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(host["mine"])
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "theirs/secret.txt",  # another session's workspace
+        "ledger.sqlite3",  # the state dir
+        "claude/projects/theirs/t.jsonl",  # another session's transcript
+        "sessions/s1/bin/cli.json",  # its own rules (read, yes: run, yes; written, never)
+    ],
+)
+def test_a_link_that_won_the_race_leads_nowhere(host: dict[str, Path], target: str) -> None:
+    """What the issue's race produced: a path the hook saw in the workspace is a link to another
+    tenant's file when the CLI opens it. The kernel refuses the read or the write."""
+    real = host["state"] / target if not target.startswith("theirs") else host["theirs"] / "secret.txt"
+    (host["mine"] / "link").symlink_to(real)
+    _, rules = _confined(host)
+    before = real.read_bytes()
+    done = _sh(rules, "cat link; echo pwned > link; echo pwned >> link")
+    assert "Permission denied" in done.stderr
+    assert real.read_bytes() == before, "nothing written through the link"
+    if not target.endswith("cli.json"):
+        assert before.decode() not in done.stdout, "nothing read through the link"
+
+
+def test_a_directory_swapped_for_a_link_leads_nowhere(host: dict[str, Path]) -> None:
+    (host["mine"] / "dir").symlink_to(host["theirs"])
+    _, rules = _confined(host)
+    done = _sh(rules, "cat dir/secret.txt; echo pwned > dir/new.txt; ls dir")
+    assert done.stdout == ""
+    assert not (host["theirs"] / "new.txt").exists()
+
+
+def test_a_confined_cli_reads_no_other_process_and_nothing_of_tmp(host: dict[str, Path]) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"], env={"SECRET_OF_ANOTHER": "canary"})
+    try:
+        _, rules = _confined(host)
+        done = _sh(
+            rules,
+            f"cat /proc/{sleeper.pid}/environ; cat /proc/{os.getpid()}/cmdline; ls /tmp; ls /dev/shm",
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert "canary" not in done.stdout and "pytest" not in done.stdout
+    assert done.stdout == ""
+    # Its own process's entries it reads (the runtime does).
+    assert "Name:\tcat" in _run(rules, "/bin/cat", "/proc/self/status").stdout
+
+
+def test_the_confinement_is_inherited_and_cannot_be_undone(host: dict[str, Path]) -> None:
+    _, rules = _confined(host)
+    again = f"{sys.executable} -I -S {launcher.__file__} cli {rules} -- /bin/cat {host['theirs']}/secret.txt"
+    done = _sh(rules, f"/bin/sh -c 'cat {host['theirs']}/secret.txt'; {again}")
+    assert "theirs" not in done.stdout
+
+
+def test_the_door_runs_a_command_in_the_command_sandbox_and_returns_its_status(host: dict[str, Path]) -> None:
+    _, rules = _confined(host, door=True)
+    door = host["state"] / "sessions" / "s1" / PROGRAMS / "door"
+    done = _sh(
+        rules, f"{door} 'echo out; echo err >&2; test -e /proc/1 && cat /proc/1/cmdline; exit 7'; echo rc=$?"
+    )
+    assert done.stdout.splitlines()[0] == "out"
+    assert done.stdout.endswith("rc=7\n")
+    assert "err" in done.stderr
+    assert "bwrap" not in done.stdout
+
+
+def test_a_command_whose_door_call_is_killed_is_ended(host: dict[str, Path]) -> None:
+    _, rules = _confined(host, door=True)
+    door = host["state"] / "sessions" / "s1" / PROGRAMS / "door"
+    marker = host["mine"] / "still-running"
+    script = f"{door} 'sleep 3; touch still-running' & pid=$!; sleep 1; kill -TERM $pid; wait $pid; sleep 3"
+    started = time.monotonic()
+    done = _sh(rules, script)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started >= 4
+    assert not marker.exists(), "the command outlived its door call"
+
+
+def test_the_cli_gets_the_signal_and_its_exit_status_is_the_launcher_s(host: dict[str, Path]) -> None:
+    _, rules = _confined(host)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", launcher.__file__, "cli", str(rules), "--", "/bin/sh", "-c", "sleep 30"]
+    )
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 128 + signal.SIGTERM
+    assert _sh(rules, "exit 3").returncode == 3
+
+
+def test_a_kernel_without_landlock_is_refused_naming_the_way_out(
+    host: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher, "abi", lambda: 2)
+    with pytest.raises(SandboxUnavailable, match="--cli-confinement off"):
+        CliConfinement.find(host["state"], host["config"], Path("/bin/true"))
+
+
+def test_the_probe_passes_here(host: dict[str, Path]) -> None:
+    cli, _ = _confined(host)
+    cli.probe(host["mine"], host["theirs"] / "secret.txt")
+    with pytest.raises(SandboxUnavailable):
+        cli.probe(host["mine"], host["mine"] / "own.txt")  # readable: the probe says it is not confined
