@@ -230,8 +230,11 @@ async def drive(port: int, token: str, ca: bytes, read: Callable[[str], str]) ->
     assert caps.authentication, "the image serves with authentication"
     assert caps.workspace_snapshots, "workspace snapshots work in the image (git is in it)"
     assert caps.sandbox.enabled, "commands are confined in the image, under the pod's settings"
+    assert caps.sandbox.cli_confinement == "landlock", "the CLI is confined by the kernel in the image"
     say(
-        f"capabilities: snapshots {caps.workspace_snapshots}, sandbox {caps.sandbox.enabled}, cli {caps.cli_version}"
+        f"capabilities: snapshots {caps.workspace_snapshots}, sandbox {caps.sandbox.enabled}, "
+        f"cli confinement {caps.sandbox.cli_confinement} (Landlock ABI {caps.sandbox.landlock_abi}), "
+        f"cli {caps.cli_version}"
     )
     try:
         await sessions.ListSessions(session_service_pb2.ListSessionsRequest())
@@ -250,6 +253,10 @@ async def drive(port: int, token: str, ca: bytes, read: Callable[[str], str]) ->
     assert tool_output(await prompt(sid, "bash cat notes.txt")).strip() == "two", (
         "the command ran in the sandbox"
     )
+    # The CLI's own Read of a file outside its workspace, through a link a command planted: the
+    # hook refuses it; were the hook raced, the kernel would (tests/unit/sandbox/test_cli.py).
+    await prompt(sid, "bash ln -sfn /etc/agent-rewind link")
+    assert "BEGIN" not in tool_output(await prompt(sid, "read link/tls/tls.key")), "no key through a link"
     notes = f"{session.cwd}/notes.txt"
     rewound = await rewinds.Rewind(
         rewind_service_pb2.RewindRequest(

@@ -3,8 +3,10 @@ what a caller names, what a command sees of the CLI, what the CLI's own tools ca
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
+import time
 from pathlib import Path
 
 import grpc
@@ -113,3 +115,32 @@ async def test_a_path_swapped_for_a_link_during_a_file_tool_never_reaches_anothe
         assert sorted(p.name for p in theirs.iterdir()) == ["secret.txt"], "a write reached it"
         # The race was run: some calls found the file, some the link (refused by the hook or the kernel).
         assert any("old" in r for r in results) and any(r for r in results if "old" not in r)
+
+
+# A command's bounds (issue 36): one session's runaway commands leave another's turn working.
+HOG = "python3 -c 'b = bytearray(64 << 30)' 2>&1 | tail -1"
+BOMB = (
+    "python3 -c 'import os, time\\nn = 0\\nfor _ in range(300):\\n"
+    "    try:\\n        pid = os.fork()\\n    except OSError:\\n        break\\n"
+    '    if pid == 0:\\n        time.sleep(3)\\n        os._exit(0)\\n    n += 1\\nprint("forked", n)\''
+)
+
+
+async def test_a_memory_hog_and_a_fork_bomb_in_one_session_leave_another_s_turn_working(
+    tmp_path: Path,
+) -> None:
+    async with serve(tmp_path / "state") as c:
+        attacker = await c.create(options=_options(allowed_tools=["Bash"]))
+        bystander = await c.create()
+        await c.prompt(bystander.session_id, "say ready")
+        for attack in (HOG, BOMB):
+            running = asyncio.ensure_future(c.prompt(attacker.session_id, _tool("Bash", command=attack)))
+            started = time.monotonic()
+            events = await asyncio.wait_for(c.prompt(bystander.session_id, "write b.txt still here"), 30)
+            assert events[-1].result.subtype == "success" and time.monotonic() - started < 30
+            out = "".join(e.tool_result.content for e in await running if e.HasField("tool_result"))
+            if attack is HOG:
+                assert "MemoryError" in out, out  # refused at the sandbox's data limit
+            else:
+                assert "forked" in out, out
+        assert (Path(bystander.cwd) / "b.txt").read_text() == "still here\n"

@@ -162,11 +162,31 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
     return data
 
 
-def _serve_one(conn: socket.socket, program: str) -> None:
-    """Runs one command: its request, its streams, its exit status back; killed when `run` goes."""
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether process `pid` is `ancestor` or one of its descendants."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
+    """Runs one command: its request, its streams, its exit status back; killed when `run` goes.
+    Only a process of the CLI's (`cli` or below) is served: the door's socket is a path, which
+    Landlock does not keep another session's process from connecting to."""
     fds: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
     try:
+        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        if not _descends(peer, cli):
+            return
         head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
         if len(head) < _HEADER.size:
             head += _recv_exact(conn, _HEADER.size - len(head))
@@ -216,13 +236,13 @@ def _end(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def _door(listener: socket.socket, program: str) -> None:
+def _door(listener: socket.socket, program: str, cli: int) -> None:
     while True:
         try:
             conn, _ = listener.accept()
         except OSError:
             return
-        threading.Thread(target=_serve_one, args=(conn, program), daemon=True).start()
+        threading.Thread(target=_serve_one, args=(conn, program, cli), daemon=True).start()
 
 
 def _cli(rules_path: str, argv: list[str]) -> int:
@@ -260,7 +280,8 @@ def _cli(rules_path: str, argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, frame: os.kill(child, number))
     if listener is not None:
-        threading.Thread(target=_door, args=(listener, rules["door"]["program"]), daemon=True).start()
+        door = (listener, rules["door"]["program"], child)
+        threading.Thread(target=_door, args=door, daemon=True).start()
     while True:
         try:
             _, status = os.waitpid(child, 0)

@@ -190,3 +190,30 @@ def test_the_probe_passes_here(host: dict[str, Path]) -> None:
     cli.probe(host["mine"], host["theirs"] / "secret.txt")
     with pytest.raises(SandboxUnavailable):
         cli.probe(host["mine"], host["mine"] / "own.txt")  # readable: the probe says it is not confined
+
+
+def test_the_door_serves_only_the_cli_s_own_processes(host: dict[str, Path]) -> None:
+    """Its socket is a path, which Landlock does not keep another session's process from
+    connecting to: the door serves only a process below its CLI."""
+    _, rules = _confined(host, door=True)
+    base = host["state"] / "sessions" / "s1"
+    cli = subprocess.Popen(
+        [sys.executable, "-I", "-S", launcher.__file__, "cli", str(rules), "--", "/bin/sleep", "30"]
+    )
+    try:
+        door = base / "run" / "door.sock"
+        deadline = time.monotonic() + 10
+        while not door.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        outsider = subprocess.run(
+            [sys.executable, "-I", "-S", launcher.__file__, "run", str(door), "touch pwned"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        cli.kill()
+        cli.wait()
+    assert outsider.returncode == 126, outsider.stderr
+    assert not (host["mine"] / "pwned").exists()
