@@ -26,18 +26,16 @@ gets SIGKILL if the parent dies.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import json
+# Only what both sides need is imported here: `run` starts for every command the agent runs, so
+# the rest is imported where it is used.
 import os
-import select
-import signal
-import socket
 import struct
-import subprocess
 import sys
-import threading
-from typing import Any
+
+TYPE_CHECKING = False  # typing itself is not imported at run time
+if TYPE_CHECKING:
+    import socket
+    from typing import Any
 
 _SYS_CREATE_RULESET = 444
 _SYS_ADD_RULE = 445
@@ -69,18 +67,13 @@ ACCESS = {
 _STATUS = struct.Struct("!i")
 _HEADER = struct.Struct("!I")
 _MAX_REQUEST = 8 << 20
+# The CLI's variables a command gets (sandbox/commands.py passes them on inside).
+_PASSED = ("GIT_EDITOR", "CLAUDECODE", "COREPACK_ENABLE_AUTO_PIN", "LANG", "TERM")
 
 
-class _Attr(ctypes.Structure):
-    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+def _libc() -> object:
+    import ctypes
 
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -88,11 +81,14 @@ def abi() -> int:
     """The kernel's Landlock ABI version; 0 when Landlock is not there (or not enabled)."""
     if sys.platform != "linux":
         return 0
-    version = _libc().syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
+    libc: Any = _libc()
+    version = libc.syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
     return int(version) if version > 0 else 0
 
 
 def _error(what: str) -> OSError:
+    import ctypes
+
     errno = ctypes.get_errno()
     return OSError(errno, f"landlock {what}: {os.strerror(errno)}")
 
@@ -105,9 +101,18 @@ def restrict(rules: list[dict[str, str]]) -> int:
     version = abi()
     if version < MIN_ABI:
         raise OSError(f"Landlock ABI {version} is below {MIN_ABI}")
+    import ctypes
+
+    class Attr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
     handled = _FS_BY_ABI.get(version, _FS_LATEST)
-    libc = _libc()
-    attr = _Attr(handled, 0, _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if version >= 6 else 0)
+    libc: Any = _libc()
+    attr = Attr(handled, 0, _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if version >= 6 else 0)
     size = 24 if version >= 6 else 16 if version >= 4 else 8
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0)
     if ruleset < 0:
@@ -122,7 +127,7 @@ def restrict(rules: list[dict[str, str]]) -> int:
                 allowed = ACCESS[rule["access"]] & handled
                 if not os.path.isdir(f"/proc/self/fd/{fd}"):
                     allowed &= _FILE_RIGHTS
-                beneath = _PathBeneath(allowed, fd)
+                beneath = PathBeneath(allowed, fd)
                 if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(beneath), 0):
                     raise _error(f"add_rule {rule['path']}")
             finally:
@@ -140,7 +145,6 @@ def restrict(rules: list[dict[str, str]]) -> int:
 
 # The sandboxes running, each a process group: ended when the CLI exits.
 _RUNNING: set[int] = set()
-_RUNNING_LOCK = threading.Lock()
 
 
 def _addressable(path: str) -> str:
@@ -181,6 +185,10 @@ def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
     """Runs one command: its request, its streams, its exit status back; killed when `run` goes.
     Only a process of the CLI's (`cli` or below) is served: the door's socket is a path, which
     Landlock does not keep another session's process from connecting to."""
+    import select
+    import socket
+    import subprocess
+
     fds: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
     try:
@@ -193,18 +201,18 @@ def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
         (size,) = _HEADER.unpack(head)
         if size > _MAX_REQUEST or len(fds) != 3:
             return
-        request = json.loads(_recv_exact(conn, size))
-        env = {k: v for k, v in request["env"].items() if isinstance(k, str) and isinstance(v, str)}
+        command, *variables = _recv_exact(conn, size).split(b"\0")
+        pairs = (v.split(b"=", 1) for v in variables if b"=" in v)
+        env = {name.decode(): os.fsdecode(value) for name, value in pairs if name.decode() in _PASSED}
         proc = subprocess.Popen(
-            [program, str(request["command"])],
+            [program, os.fsdecode(command)],
             stdin=fds[0],
             stdout=fds[1],
             stderr=fds[2],
             env={"PATH": "/usr/bin:/bin", **env},
             start_new_session=True,
         )
-        with _RUNNING_LOCK:
-            _RUNNING.add(proc.pid)
+        _RUNNING.add(proc.pid)
         for fd in fds:
             os.close(fd)
         fds = []
@@ -217,7 +225,7 @@ def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
             code = proc.wait()
             conn.sendall(_STATUS.pack(code if code >= 0 else 128 - code))
         # Else `run` went away (its command was stopped): the finally below ends the sandbox.
-    except (OSError, ValueError, KeyError, TypeError, ConnectionError):
+    except (OSError, ValueError, UnicodeDecodeError, ConnectionError):
         pass
     finally:
         for fd in fds:
@@ -226,17 +234,21 @@ def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
             if proc.poll() is None:
                 _end(proc.pid)
                 proc.wait()
-            with _RUNNING_LOCK:
-                _RUNNING.discard(proc.pid)
+            _RUNNING.discard(proc.pid)
         conn.close()
 
 
 def _end(group: int) -> None:
+    import contextlib
+    import signal
+
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
 
 
 def _door(listener: socket.socket, program: str, cli: int) -> None:
+    import threading
+
     while True:
         try:
             conn, _ = listener.accept()
@@ -246,6 +258,12 @@ def _door(listener: socket.socket, program: str, cli: int) -> None:
 
 
 def _cli(rules_path: str, argv: list[str]) -> int:
+    import contextlib
+    import json
+    import signal
+    import socket
+    import threading
+
     with open(rules_path, encoding="utf-8") as f:
         rules = json.load(f)
     listener: socket.socket | None = None
@@ -262,7 +280,8 @@ def _cli(rules_path: str, argv: list[str]) -> int:
         try:
             if listener is not None:
                 listener.close()
-            _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc: Any = _libc()
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() == 1:  # the parent died before the line above
                 os._exit(137)
             restrict(rules["paths"])
@@ -290,19 +309,19 @@ def _cli(rules_path: str, argv: list[str]) -> int:
             return 1
         except InterruptedError:
             continue
-    with _RUNNING_LOCK:
-        for group in _RUNNING:
-            _end(group)
+    for group in list(_RUNNING):
+        _end(group)
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
 
 
 def _run(path: str, command: str) -> int:
-    """One command, through the door: the CLI's side."""
-    names = ("GIT_EDITOR", "CLAUDECODE", "COREPACK_ENABLE_AUTO_PIN", "LANG", "TERM")
-    env = {k: os.environ[k] for k in names if k in os.environ}
-    request = json.dumps({"command": command, "env": env}).encode()
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """One command, through the door: the CLI's side. It runs for every command the agent runs,
+    so it uses the socket module's C core alone (`socket` imports far more)."""
+    import _socket
+
+    env = [b"%s=%s" % (k.encode(), os.fsencode(os.environ[k])) for k in _PASSED if k in os.environ]
+    request = b"\0".join([os.fsencode(command), *env])
     streams = []
     for fd in (0, 1, 2):  # one the CLI left closed is /dev/null
         try:
@@ -310,11 +329,19 @@ def _run(path: str, command: str) -> int:
             streams.append(fd)
         except OSError:
             streams.append(os.open(os.devnull, os.O_RDWR))
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.connect(_addressable(path))
-        socket.send_fds(conn, [_HEADER.pack(len(request))], streams)
+        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("3i", *streams))]
+        conn.sendmsg([_HEADER.pack(len(request))], rights)
         conn.sendall(request)
-        code = int(_STATUS.unpack(_recv_exact(conn, _STATUS.size))[0])
+        status = b""
+        while len(status) < _STATUS.size:
+            chunk = conn.recv(_STATUS.size - len(status))
+            if not chunk:
+                raise ConnectionError("the door closed")
+            status += chunk
+        code = int(_STATUS.unpack(status)[0])
     except (OSError, ConnectionError) as err:
         os.write(2, f"agent-rewind: the command could not be run: {err}\n".encode())
         return 126
