@@ -24,7 +24,6 @@ door. The hook stays: it is the first, friendly refusal; the kernel is the bound
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -134,7 +133,7 @@ class CliConfinement:
             Path(sys.base_prefix),
             Path(self.python).resolve().parent,
             self.binary.parent,
-            Path(launcher.__file__),  # (outside the venv in a development install)
+            Path(launcher.__file__).parent,  # (outside the venv in a development install)
         ]
         out: list[Path] = []
         for tree in _real([*map(Path, _SYSTEM), *runtime]):
@@ -155,33 +154,41 @@ class CliConfinement:
         config, home = base / "config", base / "home"
         for name in ("projects", "file-history"):
             _link(config / name, self.config_dir / name)
-        rules: dict[str, object] = {
-            "paths": [{"path": str(p), "access": "read"} for p in (*self._read(), programs)]
-            + [{"path": p, "access": "device"} for p in _DEVICES]
-            + [{"path": str(p), "access": "write"} for p in (cwd, *own_dirs, transcript_dir, history)],
-        }
+        paths = [("read", str(p)) for p in (*self._read(), programs)]
+        paths += [("device", p) for p in _DEVICES]
+        paths += [("write", str(p)) for p in (cwd, *own_dirs, transcript_dir, history)]
+        door: dict[str, str] = {}
         env = {"CLAUDE_CONFIG_DIR": str(config), "HOME": str(home)}
         if own.command is not None:
-            door = own.runtime / "door.sock"
-            rules["door"] = {"socket": str(door), "program": str(own.command)}
+            socket = own.runtime / "door.sock"
+            door = {"socket": str(socket), "program": str(own.command)}
             client = programs / "door"
-            _write_program(
-                client,
-                f"exec {shlex.quote(self.python)} -I -S {shlex.quote(launcher.__file__)} run "
-                f'{shlex.quote(str(door))} "$1"',
-            )
+            self._launcher(client, ["run", str(socket)], "sys.argv[1:2]", '"$1"')
             env["CLAUDE_CODE_SHELL_PREFIX"] = shlex.quote(str(client))
-        rules_path = programs / "cli.json"
-        staged = rules_path.with_suffix(".new")
-        staged.write_text(json.dumps(rules, indent=1))
-        os.replace(staged, rules_path)
+        rules_path = programs / "cli.rules"
+        launcher.write_rules(str(rules_path), paths, door)
         program = programs / "cli"
-        _write_program(
-            program,
-            f"exec {shlex.quote(self.python)} -I -S {shlex.quote(launcher.__file__)} cli "
-            f'{shlex.quote(str(rules_path))} -- {shlex.quote(str(self.binary))} "$@"',
-        )
+        self._launcher(program, ["cli", str(rules_path), "--", str(self.binary)], "sys.argv[1:]", '"$@"')
         return ConfinedCli(program, env)
+
+    def _launcher(self, path: Path, args: list[str], python_rest: str, shell_rest: str) -> None:
+        """A program that runs the launcher with `args` and its own arguments: Python itself, the
+        launcher imported (its compiled form cached, unlike a script's), a shell and a compile
+        fewer on the way of every CLI start and every command; a shell script where the
+        interpreter's path is too long for a `#!` line."""
+        if len(self.python) < _SHEBANG_MAX:
+            _write(
+                path,
+                f"#!{self.python} -IS\n{_HEADER}import sys\n"
+                f"sys.path.insert(0, {os.path.dirname(launcher.__file__)!r})\n"
+                f"import launcher\nsys.exit(launcher.main([*{args!r}, *{python_rest}]))\n",
+            )
+        else:
+            quoted = " ".join(shlex.quote(a) for a in args)
+            _write_program(
+                path,
+                f"exec {shlex.quote(self.python)} -I -S {shlex.quote(launcher.__file__)} {quoted} {shell_rest}",
+            )
 
     def probe(self, workspace: Path, outside: Path) -> None:
         """Runs a program confined like a session's CLI; SandboxUnavailable unless it can write
@@ -190,7 +197,7 @@ class CliConfinement:
         own = SessionSandbox(tmp=base / "tmp", runtime=base / "run")
         self.prepare("probe", workspace, own, transcript_dir=base / "transcript", base=base)
         check = f"test -w {shlex.quote(str(workspace))} && ! cat {shlex.quote(str(outside))} >/dev/null 2>&1"
-        rules = str(base / PROGRAMS / "cli.json")
+        rules = str(base / PROGRAMS / "cli.rules")
         try:
             done = subprocess.run(
                 [self.python, "-I", "-S", launcher.__file__, "cli", rules, "--", "/bin/sh", "-c", check],
@@ -223,12 +230,17 @@ def _link(link: Path, target: Path) -> None:
     link.symlink_to(target)
 
 
+_HEADER = "# Written by agent-rewind (src/agent_rewind/sandbox/cli.py, docs/security.md).\n"
+# The kernel reads at most 255 bytes of a `#!` line.
+_SHEBANG_MAX = 240
+
+
 def _write_program(path: Path, line: str) -> None:
+    _write(path, f"#!/bin/sh\n{_HEADER}{line}\n")
+
+
+def _write(path: Path, text: str) -> None:
     staged = path.with_suffix(".new")
-    staged.write_text(
-        "#!/bin/sh\n# Written by agent-rewind (src/agent_rewind/sandbox/cli.py, docs/security.md).\n"
-        + line
-        + "\n"
-    )
+    staged.write_text(text)
     staged.chmod(0o700)
     os.replace(staged, path)

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 # Only what both sides need is imported here: `run` starts for every command the agent runs, so
 # the rest is imported where it is used.
+import _socket  # the socket module's C core: `socket` imports far more
 import os
 import struct
 import sys
 
 TYPE_CHECKING = False  # typing itself is not imported at run time
 if TYPE_CHECKING:
-    import socket
     from typing import Any
 
 _SYS_CREATE_RULESET = 444
@@ -93,10 +93,10 @@ def _error(what: str) -> OSError:
     return OSError(errno, f"landlock {what}: {os.strerror(errno)}")
 
 
-def restrict(rules: list[dict[str, str]]) -> int:
-    """Makes the calling thread a Landlock domain where only `rules` ({"path", "access"}: read,
-    write or device) are allowed of the filesystem; every right this kernel's ABI knows is
-    handled, so whatever the rules do not grant is refused. A path that does not exist is
+def restrict(rules: list[tuple[str, str]]) -> int:
+    """Makes the calling thread a Landlock domain where only `rules` ((access, path), access one
+    of read, write or device) are allowed of the filesystem; every right this kernel's ABI knows
+    is handled, so whatever the rules do not grant is refused. A path that does not exist is
     skipped. Returns the ABI used."""
     version = abi()
     if version < MIN_ABI:
@@ -118,18 +118,18 @@ def restrict(rules: list[dict[str, str]]) -> int:
     if ruleset < 0:
         raise _error("create_ruleset")
     try:
-        for rule in rules:
+        for access, path in rules:
             try:
-                fd = os.open(rule["path"], os.O_PATH | os.O_CLOEXEC)
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
             try:
-                allowed = ACCESS[rule["access"]] & handled
-                if not os.path.isdir(f"/proc/self/fd/{fd}"):
+                allowed = ACCESS[access] & handled
+                if os.fstat(fd).st_mode & 0o170000 != 0o040000:  # not a directory: a file's rights
                     allowed &= _FILE_RIGHTS
                 beneath = PathBeneath(allowed, fd)
                 if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(beneath), 0):
-                    raise _error(f"add_rule {rule['path']}")
+                    raise _error(f"add_rule {path}")
             finally:
                 os.close(fd)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
@@ -156,7 +156,7 @@ def _addressable(path: str) -> str:
     return f"/proc/self/fd/{directory}/{os.path.basename(path)}"
 
 
-def _recv_exact(conn: socket.socket, size: int) -> bytes:
+def _recv_exact(conn: _socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = conn.recv(size - len(data))
@@ -181,21 +181,28 @@ def _descends(pid: int, ancestor: int) -> bool:
     return False
 
 
-def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
+def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4]))
+    return fds
+
+
+def _serve_one(conn: _socket.socket, program: str, cli: int) -> None:
     """Runs one command: its request, its streams, its exit status back; killed when `run` goes.
     Only a process of the CLI's (`cli` or below) is served: the door's socket is a path, which
     Landlock does not keep another session's process from connecting to."""
     import select
-    import socket
-    import subprocess
 
     fds: list[int] = []
-    proc: subprocess.Popen[bytes] | None = None
+    pid = 0
     try:
-        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        peer = struct.unpack("3i", conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))[0]
         if not _descends(peer, cli):
             return
-        head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
+        head, ancillary, _, _ = conn.recvmsg(_HEADER.size, _socket.CMSG_SPACE(3 * 4))
+        fds = _received_fds(ancillary)
         if len(head) < _HEADER.size:
             head += _recv_exact(conn, _HEADER.size - len(head))
         (size,) = _HEADER.unpack(head)
@@ -204,25 +211,26 @@ def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
         command, *variables = _recv_exact(conn, size).split(b"\0")
         pairs = (v.split(b"=", 1) for v in variables if b"=" in v)
         env = {name.decode(): os.fsdecode(value) for name, value in pairs if name.decode() in _PASSED}
-        proc = subprocess.Popen(
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
+        pid = os.posix_spawn(
+            program,
             [program, os.fsdecode(command)],
-            stdin=fds[0],
-            stdout=fds[1],
-            stderr=fds[2],
-            env={"PATH": "/usr/bin:/bin", **env},
-            start_new_session=True,
+            {"PATH": "/usr/bin:/bin", **env},
+            file_actions=actions,
+            setsid=True,
         )
-        _RUNNING.add(proc.pid)
+        _RUNNING.add(pid)
         for fd in fds:
             os.close(fd)
         fds = []
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd = os.pidfd_open(pid)
         try:
             ready, _, _ = select.select([conn.fileno(), pidfd], [], [])
         finally:
             os.close(pidfd)
-        if pidfd in ready or proc.poll() is not None:
-            code = proc.wait()
+        if pidfd in ready:
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            pid = 0
             conn.sendall(_STATUS.pack(code if code >= 0 else 128 - code))
         # Else `run` went away (its command was stopped): the finally below ends the sandbox.
     except (OSError, ValueError, UnicodeDecodeError, ConnectionError):
@@ -230,50 +238,66 @@ def _serve_one(conn: socket.socket, program: str, cli: int) -> None:
     finally:
         for fd in fds:
             os.close(fd)
-        if proc is not None:
-            if proc.poll() is None:
-                _end(proc.pid)
-                proc.wait()
-            _RUNNING.discard(proc.pid)
+        if pid:
+            _end(pid)
+            os.waitpid(pid, 0)
         conn.close()
 
 
 def _end(group: int) -> None:
-    import contextlib
     import signal
 
-    with contextlib.suppress(ProcessLookupError):
+    _RUNNING.discard(group)
+    try:  # noqa: SIM105 - contextlib is one import more on the way of every CLI start
         os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
-def _door(listener: socket.socket, program: str, cli: int) -> None:
-    import threading
+def _door(listener: _socket.socket, program: str, cli: int) -> None:
+    import _thread
 
     while True:
         try:
-            conn, _ = listener.accept()
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C core's accept: a descriptor
         except OSError:
             return
-        threading.Thread(target=_serve_one, args=(conn, program, cli), daemon=True).start()
+        _thread.start_new_thread(_serve_one, (_socket.socket(fileno=fd), program, cli))
+
+
+def read_rules(path: str) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The rules file sandbox/cli.py writes: NUL-separated pairs, `ACCESS PATH` (read, write,
+    device) and `door-socket PATH`, `door-program PATH`. (Not JSON: json costs an import more on
+    the way of every CLI start, and a path may hold any character but NUL.)"""
+    with open(path, "rb") as f:
+        fields = [os.fsdecode(field) for field in f.read().split(b"\0")]
+    pairs = list(zip(fields[0::2], fields[1::2], strict=False))
+    door = {kind.removeprefix("door-"): value for kind, value in pairs if kind.startswith("door-")}
+    return [(kind, value) for kind, value in pairs if kind in ACCESS], door
+
+
+def write_rules(path: str, paths: list[tuple[str, str]], door: dict[str, str]) -> None:
+    """Writes what `read_rules` reads, atomically."""
+    fields = [*(x for pair in paths for x in pair), *(x for k, v in door.items() for x in (f"door-{k}", v))]
+    staged = path + ".new"
+    with open(staged, "wb") as f:
+        f.write(b"\0".join(os.fsencode(x) for x in fields))
+    os.replace(staged, path)
 
 
 def _cli(rules_path: str, argv: list[str]) -> int:
-    import contextlib
-    import json
     import signal
-    import socket
-    import threading
 
-    with open(rules_path, encoding="utf-8") as f:
-        rules = json.load(f)
-    listener: socket.socket | None = None
-    if rules.get("door"):
-        path = rules["door"]["socket"]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        listener.bind(_addressable(path))
-        os.chmod(path, 0o600)
+    paths, door = read_rules(rules_path)
+    listener: _socket.socket | None = None
+    if door:
+        try:  # noqa: SIM105 - as in _end
+            os.unlink(door["socket"])
+        except FileNotFoundError:
+            pass
+        listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+        listener.bind(_addressable(door["socket"]))
+        os.chmod(door["socket"], 0o600)
         listener.listen(64)
     child = os.fork()
     if child == 0:
@@ -284,7 +308,7 @@ def _cli(rules_path: str, argv: list[str]) -> int:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() == 1:  # the parent died before the line above
                 os._exit(137)
-            restrict(rules["paths"])
+            restrict(paths)
             os.execv(argv[0], argv)
         except BaseException as err:  # the child never returns into the parent's code
             try:
@@ -299,8 +323,9 @@ def _cli(rules_path: str, argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, frame: os.kill(child, number))
     if listener is not None:
-        door = (listener, rules["door"]["program"], child)
-        threading.Thread(target=_door, args=door, daemon=True).start()
+        import _thread
+
+        _thread.start_new_thread(_door, (listener, door["program"], child))
     while True:
         try:
             _, status = os.waitpid(child, 0)
@@ -316,10 +341,7 @@ def _cli(rules_path: str, argv: list[str]) -> int:
 
 
 def _run(path: str, command: str) -> int:
-    """One command, through the door: the CLI's side. It runs for every command the agent runs,
-    so it uses the socket module's C core alone (`socket` imports far more)."""
-    import _socket
-
+    """One command, through the door: the CLI's side."""
     env = [b"%s=%s" % (k.encode(), os.fsencode(os.environ[k])) for k in _PASSED if k in os.environ]
     request = b"\0".join([os.fsencode(command), *env])
     streams = []

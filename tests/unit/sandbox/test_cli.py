@@ -46,7 +46,7 @@ def _confined(host: dict[str, Path], *, door: bool = False) -> tuple[CliConfinem
         sandbox = CommandSandbox.find(root, need_socat=False, hidden=[host["state"]])
         own = sandbox.prepare("s1", host["mine"], proxy=False, programs=base / PROGRAMS)
     cli.prepare("s1", host["mine"], own, transcript_dir=host["config"] / "projects" / "mine", base=base)
-    return cli, base / PROGRAMS / "cli.json"
+    return cli, base / PROGRAMS / "cli.rules"
 
 
 def _run(rules: Path, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -93,7 +93,7 @@ def _in_workspace(host: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Non
         "theirs/secret.txt",  # another session's workspace
         "ledger.sqlite3",  # the state dir
         "claude/projects/theirs/t.jsonl",  # another session's transcript
-        "sessions/s1/bin/cli.json",  # its own rules (read, yes: run, yes; written, never)
+        "sessions/s1/bin/cli.rules",  # its own rules (read, yes: run, yes; written, never)
     ],
 )
 def test_a_link_that_won_the_race_leads_nowhere(host: dict[str, Path], target: str) -> None:
@@ -106,7 +106,7 @@ def test_a_link_that_won_the_race_leads_nowhere(host: dict[str, Path], target: s
     done = _sh(rules, "cat link; echo pwned > link; echo pwned >> link")
     assert "Permission denied" in done.stderr
     assert real.read_bytes() == before, "nothing written through the link"
-    if not target.endswith("cli.json"):
+    if not target.endswith("cli.rules"):
         assert before.decode() not in done.stdout, "nothing read through the link"
 
 
