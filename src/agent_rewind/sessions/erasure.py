@@ -22,6 +22,11 @@ prompt history `history.jsonl` is written by the interactive CLI only, never thr
 line of it naming the session or its workspace is dropped all the same. Nothing else the CLI
 writes (`.claude.json`, `backups/`, `shell-snapshots/`, `plugins/`) holds a session's content.
 
+A confined CLI (sandbox/cli.py, the default) has a config dir of its own in the session's
+directory, whose `projects` and `file-history` are links into the shared one: what it writes
+beside its transcript and backups (`sessions/<pid>.*`, `session-env/`, `.claude.json`, ...) goes
+with the session's own directories; the shared config dir is swept as above all the same.
+
 Symbolic links are never followed out of what is erased: a link is removed, not its target.
 """
 
