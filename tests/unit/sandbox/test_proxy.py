@@ -8,8 +8,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from agent_rewind.sandbox.proxy import (
+    MAX_CONNECTIONS_PER_SESSION,
     EgressProxy,
     HostPattern,
     HostPatternError,
@@ -219,3 +222,50 @@ async def test_an_unreachable_allowed_host_is_502(tmp_path: Path) -> None:
         assert answer.startswith("HTTP/1.1 502")
     finally:
         await proxy.close()
+
+
+# --- covers, as a property: whatever a narrower pattern lets through, the server's list does ----
+
+_LABELS = st.sampled_from(["a", "b", "evil", "example", "evilexample", "xample", "com", "org"])
+
+
+def _pattern(domain: str, wildcard: bool, port: int | None) -> HostPattern | None:
+    try:
+        return HostPattern.parse(("*." if wildcard else "") + domain + (f":{port}" if port else ""))
+    except HostPatternError:
+        return None
+
+
+_PATTERNS = st.builds(
+    _pattern,
+    st.lists(_LABELS, min_size=1, max_size=3).map(".".join),
+    st.booleans(),
+    st.sampled_from([None, 80, 443, 8080]),
+).filter(lambda p: p is not None)
+
+
+@example(
+    server=[HostPattern.parse("*.example.com")], narrower=HostPattern.parse("*.evilexample.com"), sub="a"
+)
+@example(server=[HostPattern.parse("*.example.com")], narrower=HostPattern.parse("evilexample.com"), sub="a")
+@given(server=st.lists(_PATTERNS, min_size=1, max_size=3), narrower=_PATTERNS, sub=_LABELS)
+def test_a_pattern_the_server_s_list_covers_lets_through_nothing_the_list_does_not(
+    server: list[HostPattern], narrower: HostPattern, sub: str
+) -> None:
+    """The slip of issue 37: `*.evilexample.com` accepted as narrower than `*.example.com`."""
+    if not covers(server, narrower):
+        return
+    host = f"{sub}.{narrower.host}" if narrower.wildcard else narrower.host
+    for port in [narrower.port] if narrower.port is not None else [80, 443]:
+        assert allowed([narrower], host, port)
+        assert allowed(server, host, port), (server, narrower, host, port)
+
+
+async def test_closed_connections_are_counted_off_so_a_session_never_runs_out(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    """The slip of issue 37: a closed connection never counted off, so after 64 a session's
+    commands got 429 forever."""
+    proxy, port, _, _ = proxy_and_upstream
+    request = f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n{_auth(proxy, 's1')}\r\n"
+    for i in range(MAX_CONNECTIONS_PER_SESSION + 8):
+        answer = await _ask(proxy, request)
+        assert answer.startswith("HTTP/1.1 200"), (i, answer[:60])
