@@ -144,3 +144,25 @@ def test_a_file_that_grows_while_read_is_read_no_further_than_the_bound(
     with files.Workspace(tmp_path) as ws, pytest.raises(OSError, match="over"):
         ws.content("a.txt", 1 << 20)
     assert sum(read) <= (1 << 20) + 1
+
+
+def test_a_tracked_path_outside_the_workspace_is_never_put_right(tmp_path: Path) -> None:
+    """The slip of issue 37: a tracked path outside the workspace written or deleted anyway."""
+    work, history, outside = tmp_path / "work", tmp_path / "history", tmp_path / "outside"
+    for d in (work, history, outside):
+        d.mkdir()
+    (history / "b@v1").write_text("before\n")
+    (outside / "kept.txt").write_text("outside's\n")
+    view = SimpleNamespace(
+        files_before=lambda point: {
+            "../outside/kept.txt": None,
+            str(outside / "new.txt"): "b@v1",
+            "inside.txt": "b@v1",
+            ".": None,
+        }
+    )
+    fixes = checkpoints.planned(view, None, work, history)  # type: ignore[arg-type]
+    assert [f.relative for f in fixes] == ["inside.txt"]
+    checkpoints.apply(fixes, work)
+    assert sorted(p.name for p in outside.iterdir()) == ["kept.txt"]
+    assert (outside / "kept.txt").read_text() == "outside's\n"
