@@ -14,7 +14,8 @@ from aiohttp import web
 from standardwebhooks import Webhook, WebhookVerificationError
 
 # What to do with the n-th attempt (from 1) of the delivery with webhook-id `msg_id`.
-# "ok", "fail" (HTTP 500), "hang" (no answer), or "take-and-hang" (kept as delivered, no answer).
+# "ok", "fail" (HTTP 500), "redirect" (HTTP 307), "hang" (no answer), or "take-and-hang" (kept as
+# delivered, no answer).
 Plan = Callable[[str, int], str]
 
 
@@ -87,6 +88,8 @@ class Receiver:
             return web.Response(status=503)
         if action == "fail":
             return web.Response(status=500, text="not now")
+        if action == "redirect":  # elsewhere: a sender that follows it delivers nothing here
+            return web.Response(status=307, headers={"location": "/elsewhere"})
         self.accepted.append(Delivery(msg_id, json.loads(body), headers, asyncio.get_running_loop().time()))
         self.arrived.set()
         return web.Response(status=204)

@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,63 @@ async def test_a_restart_resumes_after_the_cursor_and_a_principal_gets_only_its_
         assert receiver.cursors() == [1, 3], "bob's sessions' events are not alice's URL's"
     finally:
         await again.stop()
+
+
+async def test_a_redirect_is_a_failed_attempt_never_a_delivery(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """The slip of issue 37: a 3xx (never followed) counted as delivered, so the event was lost."""
+    receiver.plan = lambda msg_id, attempt: "redirect" if msg_id == "1" else "ok"
+    webhooks = await _start(ledger, [receiver.url], _settings())
+    try:
+        await _claimed(ledger, 1)
+        for _ in range(2):
+            await _append(ledger, [webhooks])
+        await receiver.wait_for(1)
+        await _cursor(ledger, 2)
+        assert receiver.cursors() == [2]
+        assert [a for a in receiver.attempts if a[0] == "1"] == [("1", "redirect")] * 3
+        [record] = await ledger.webhooks()
+        assert (record.delivered, record.failed, record.last_error) == (1, 1, "HTTP 307")
+        [failed] = await ledger.webhook_failures(receiver.url)
+        assert failed.cursor == 1
+    finally:
+        await webhooks.stop()
+
+
+async def test_a_batch_that_starts_with_another_principal_s_event_ends_past_the_last_delivered(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """The slip of issue 37: the skip counter not reset after a delivered event sent the cursor
+    back to the skipped event, which the ledger refuses: the loop took that for a lost lease,
+    dropped it and claimed the URL again, once per such batch."""
+    webhooks = await _start(ledger, [receiver.url], _settings(), principal="alice")
+    await _claimed(ledger, 1)
+    await webhooks.stop()
+    await _append(ledger, [], owner="bob")  # one batch for the next holder: bob's, then alice's
+    await _append(ledger, [], owner="alice")
+    again = Webhooks([Subscription(receiver.url, "alice")], ledger, _settings(), KEYS, rewind_event_json)
+    [deliverer] = again.deliverers
+    claims = []
+    claim = deliverer.claim
+
+    async def counted() -> Any:
+        claims.append(await claim())
+        return claims[-1]
+
+    deliverer.claim = counted  # type: ignore[method-assign]
+    await again.start()
+    try:
+        await receiver.wait_for(1)
+        await _cursor(ledger, 2)
+        await asyncio.sleep(0.3)  # a loop that lost its lease would have claimed it again meanwhile
+        assert [r.cursor for r in await ledger.webhooks()] == [2]
+        assert len(claims) == 1, f"the lease was dropped and claimed again: {claims}"
+    finally:
+        await again.stop()
+    third = await _start(ledger, [receiver.url], _settings(), principal="alice")
+    try:
+        await asyncio.sleep(0.3)
+    finally:
+        await third.stop()
+    assert receiver.cursors() == [2], "alice's event once, bob's never"
