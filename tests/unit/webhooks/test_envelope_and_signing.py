@@ -146,6 +146,10 @@ def test_a_principals_url_gets_only_the_events_it_may_read() -> None:
     assert seen("alice") == [True, False]
     assert seen("ops") == [True, True]
     assert seen("mute") == [False, False], "no events.read: nothing"
+    # Not even its own sessions' events (the slip of issue 37 checked ownership alone).
+    access.known["mute"] = Principal("mute", frozenset({Permission.SESSIONS_READ, Permission.REWIND}))
+    assert visibility(Subscription("http://h/", "mute"), access)(_event(owner="mute")) is False
+    assert visibility(Subscription("http://h/", "alice"), access)(_event(owner="alice")) is True
     assert seen("gone") == [False, False], "not in the access file: nothing"
     del access.known["alice"]
     assert seen("alice") == [False, False], "a revocation holds without a restart"
