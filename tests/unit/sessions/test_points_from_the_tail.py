@@ -191,3 +191,23 @@ async def test_a_turns_record_of_the_index_is_durable(tmp_path: Path, ledger: Sq
     path.write_bytes(data + b"\n")  # grown: the next read writes the index again
     await worker.points.current()
     assert durable == [True, False]
+
+
+async def test_a_change_of_who_holds_the_newest_checkpoint_is_recorded_though_the_transcript_did_not_grow(
+    tmp_path: Path, ledger: SqliteLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slip of issue 37: `_refresh`'s early return looked at the transcript's size alone, so a
+    live process that came to hold (or let go of) the newest prompt's checkpoint was never told to
+    the index: the newest point kept a stale `files_rewindable`."""
+    holds = [False]
+    monkeypatch.setattr(SessionWorker, "holds_newest_checkpoint", property(lambda self: holds[0]))
+    path = _path(tmp_path)
+    path.write_bytes(_transcript("plain"))
+    await _worker(tmp_path, ledger).points.current()  # the index as an earlier server left it
+    worker = _worker(tmp_path, ledger)  # a start: reads on from the head, the transcript unread
+    for now in (False, True, False):
+        holds[0] = now
+        await worker.points.current()
+        found = await points.page(ledger, SID, 0, 1)
+        assert found is not None and found[0].holds_newest is now, now
+    assert worker.points.rebuilds == 0, "all from the head and the tail"
