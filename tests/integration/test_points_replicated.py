@@ -12,8 +12,10 @@ import grpc
 import pytest
 
 from agent_rewind import metrics
+from agent_rewind.access import Permission
 from agent_rewind.api.v1 import rewind_service_pb2, session_service_pb2
 from tests.integration.harness import BOTH, CONVERSATION, FILES, Client, error_info, replicas
+from tests.integration.test_auth import _access, _as
 from tests.pgserver_fixture import PostgresServer
 
 STEPS = 14
@@ -130,3 +132,24 @@ async def test_a_deleted_session_s_points_are_gone_from_every_replica(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _pages(other, sid)
         assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+
+
+async def test_a_non_owner_that_cached_a_session_s_record_shows_its_points_to_no_other_principal(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """The slip of issue 37: `_stored` skipped the principal check for a record it had cached, so
+    once alice had listed her points on a replica that does not own the session, bob's
+    ListRewindPoints there returned them, prompt previews included."""
+    url = postgres.url(postgres.create_database())
+    every = [p.value for p in Permission if p is not Permission.ADMIN]
+    access = _access(tmp_path / "access.json", {"alice": every, "bob": every}, {"alice": "ta", "bob": "tb"})
+    async with replicas(tmp_path / "state", url, count=2, access_file=access) as (owner, other):
+        alice, alice_there, bob_there = _as(owner, "ta"), _as(other, "ta"), _as(other, "tb")
+        sid = (await alice.create()).session_id
+        await alice.prompt(sid, "say alice's secret plan")
+        for _ in range(2):  # the first read caches the record on the non-owner
+            assert [p.text for p in (await alice_there.points(sid)).points] == ["say alice's secret plan"]
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await bob_there.points(sid)
+            assert error_info(refused.value).reason == "SESSION_NOT_FOUND"
+            assert "secret" not in (refused.value.details() or "")
