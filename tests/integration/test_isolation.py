@@ -14,7 +14,7 @@ import pytest
 
 from agent_rewind.api.v1 import session_service_pb2
 from agent_rewind.transcript.paths import PROJECT_NAME_MAX
-from tests.integration.harness import bad_request, error_info, serve
+from tests.integration.harness import Client, bad_request, error_info, serve
 from tests.integration.test_confinement import _options, _tool
 
 
@@ -86,35 +86,50 @@ async def test_a_path_swapped_for_a_link_during_a_file_tool_never_reaches_anothe
         theirs = Path(victim.cwd)
         secret = theirs / "secret.txt"
         before = secret.read_bytes()
-        session = await c.create(options=_options(allowed_tools=["Bash"]))
-        sid, cwd = session.session_id, Path(session.cwd)
-        (cwd / "x").write_text("old\n")
-        (cwd / "d").mkdir()
-        (cwd / "d" / "f").write_text("old\n")
-        seconds = max(30, ROUNDS // 3)
-        swap = SWAP.format(seconds=seconds, secret=secret, theirs=theirs)
-        (cwd / "swap.sh").write_text(swap)
-        await c.prompt(sid, _tool("Bash", command="sh swap.sh", run_in_background=True))
-        lines = []
-        for i in range(ROUNDS):
-            lines += [
-                "read x",
-                "read d/f",
-                f"write d/new{i}.txt pwned",
-                "edit x old => pwned",
-                "edit d/f old => pwned",
-            ]
         results: list[str] = []
-        for start in range(0, len(lines), 50):
-            events = await c.prompt(sid, "\n".join(lines[start : start + 50]))
-            results += [e.tool_result.content for e in events if e.HasField("tool_result")]
+        # A fresh attacker every 100 rounds: a conversation of thousands of tool calls would
+        # make each of the model's requests longer than the last.
+        for first in range(0, ROUNDS, PER_SESSION):
+            rounds = range(first, min(ROUNDS, first + PER_SESSION))
+            results += await _race(c, secret, theirs, rounds)
         print("RACE", collections.Counter(r.split("\n")[0][:60] for r in results).most_common(12))
-        assert len(results) >= len(lines)
+        assert len(results) >= 5 * ROUNDS
         assert not [r for r in results if "victim's secret" in r], "a read reached the other workspace"
         assert secret.read_bytes() == before, "an edit reached the other workspace"
         assert sorted(p.name for p in theirs.iterdir()) == ["secret.txt"], "a write reached it"
         # The race was run: some calls found the file, some the link (refused by the hook or the kernel).
         assert any("old" in r for r in results) and any(r for r in results if "old" not in r)
+
+
+PER_SESSION = 100
+
+
+async def _race(c: Client, secret: Path, theirs: Path, rounds: range) -> list[str]:
+    """One attacker session: its background command swaps x and d while it calls Read, Write and
+    Edit on them, five calls a round. Returns every tool result."""
+    session = await c.create(options=_options(allowed_tools=["Bash"]))
+    sid, cwd = session.session_id, Path(session.cwd)
+    (cwd / "x").write_text("old\n")
+    (cwd / "d").mkdir()
+    (cwd / "d" / "f").write_text("old\n")
+    swap = SWAP.format(seconds=max(30, len(rounds) // 2), secret=secret, theirs=theirs)
+    (cwd / "swap.sh").write_text(swap)
+    await c.prompt(sid, _tool("Bash", command="sh swap.sh", run_in_background=True))
+    lines = []
+    for i in rounds:
+        lines += [
+            "read x",
+            "read d/f",
+            f"write d/new{i}.txt pwned",
+            "edit x old => pwned",
+            "edit d/f old => pwned",
+        ]
+    results: list[str] = []
+    for start in range(0, len(lines), 50):
+        events = await c.prompt(sid, "\n".join(lines[start : start + 50]))
+        results += [e.tool_result.content for e in events if e.HasField("tool_result")]
+    await c.sessions.CloseSession(session_service_pb2.CloseSessionRequest(session_id=sid, force=True))
+    return results
 
 
 # A command's bounds (issue 36): one session's runaway commands leave another's turn working.
