@@ -60,3 +60,16 @@ def test_the_offline_model_gets_no_credential_whatever_the_backend_says(backend:
 def test_trace_context_variables_of_the_service_never_reach_the_cli() -> None:
     env = _env({**NODE, "TRACEPARENT": "00-abc-def-01", "BAGGAGE": "tenant=a"})
     assert env["TRACEPARENT"] == "" and env["BAGGAGE"] == ""
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_what_the_cli_needs_to_run_is_passed_on_as_the_operator_set_it(offline: bool) -> None:
+    general = {
+        "PATH": "/opt/bin:/usr/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HTTPS_PROXY": "http://p:3128",
+    }
+    env = _env({**NODE, **general}, offline=offline)
+    assert {k: env[k] for k in general} == general
+    assert env["PGPASSWORD"] == "" and env["CLAUDE_CONFIG_DIR"] == "/c" and env["HOME"] == "/h"
