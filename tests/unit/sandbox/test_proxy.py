@@ -16,6 +16,7 @@ from agent_rewind.sandbox.proxy import (
     EgressProxy,
     HostPattern,
     HostPatternError,
+    _target,
     allowed,
     covers,
     normalize_host,
@@ -269,3 +270,88 @@ async def test_closed_connections_are_counted_off_so_a_session_never_runs_out(pr
     for i in range(MAX_CONNECTIONS_PER_SESSION + 8):
         answer = await _ask(proxy, request)
         assert answer.startswith("HTTP/1.1 200"), (i, answer[:60])
+
+
+# --- the edges, each on both sides (mutation testing found them untested, issue 37) -------------
+
+
+@pytest.mark.parametrize(("port", "ok"), [("0", False), ("1", True), ("65535", True), ("65536", False)])
+def test_a_pattern_s_port_is_1_to_65535(port: str, ok: bool) -> None:
+    if ok:
+        assert HostPattern.parse(f"pypi.org:{port}").port == int(port)
+    else:
+        with pytest.raises(HostPatternError):
+            HostPattern.parse(f"pypi.org:{port}")
+
+
+def test_a_host_name_is_at_most_253_characters_of_labels_of_1_to_63() -> None:
+    label = "a" * 63
+    assert normalize_host(f"{label}.example") == f"{label}.example"
+    assert normalize_host(f"{label}a.example") is None
+    assert normalize_host("a..example") is None
+    longest = ".".join(["a" * 61] * 4) + ".ab"  # 4 * 62 + 2 = 250, then the TLD
+    assert len(longest) <= 253 and normalize_host(longest) == longest
+    assert normalize_host(longest + "cdef") is None  # 254
+    assert normalize_host("under_score.example") is None and normalize_host("bücher.example") is None
+
+
+@pytest.mark.parametrize(
+    ("line", "target"),
+    [
+        ("CONNECT pypi.org:443 HTTP/1.1", ("CONNECT", "pypi.org", 443)),
+        ("CONNECT pypi.org:65535 HTTP/1.1", ("CONNECT", "pypi.org", 65535)),
+        ("CONNECT pypi.org:65536 HTTP/1.1", None),
+        ("CONNECT pypi.org:0 HTTP/1.1", None),
+        ("CONNECT pypi.org HTTP/1.1", None),  # a tunnel names its port
+        ("CONNECT [::1]:443 HTTP/1.1", ("CONNECT", "::1", 443)),
+        ("CONNECT ::1:443 HTTP/1.1", None),  # an IPv6 address without brackets
+        ("GET http://pypi.org/simple HTTP/1.1", ("GET", "pypi.org", 80)),
+        ("GET http://pypi.org:8080/ HTTP/1.1", ("GET", "pypi.org", 8080)),
+        ("GET https://pypi.org/ HTTP/1.1", None),  # plain HTTP only; TLS goes through CONNECT
+        ("GET /relative HTTP/1.1", None),
+    ],
+)
+def test_a_request_line_names_its_target_or_is_refused(
+    line: str, target: tuple[str, str, int] | None
+) -> None:
+    found = _target(line)
+    assert (found[:3] if found is not None else None) == target
+
+
+async def test_a_session_has_64_connections_at_once_and_the_next_is_429(tmp_path: Path) -> None:
+    """Held open by an upstream that answers nothing until told: the 64th is let through, the
+    65th refused, and one closing makes room again."""
+    release = asyncio.Event()
+    opened = 0
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal opened
+        opened += 1
+        await release.wait()
+        writer.close()
+
+    upstream = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    proxy = EgressProxy(tmp_path / "p.sock", [HostPattern.parse(f"127.0.0.1:{port}")])
+    await proxy.start()
+    tunnels = []
+    try:
+        request = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{_auth(proxy, 's1')}\r\n".encode()
+        for _ in range(MAX_CONNECTIONS_PER_SESSION):
+            reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+            writer.write(request)
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+            tunnels.append(writer)
+        refused = await _ask(proxy, request.decode())
+        assert refused.startswith("HTTP/1.1 429"), refused[:40]
+        reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
+        writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n{_auth(proxy, 's2')}\r\n".encode())
+        tunnels.append(writer)
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200"), "another session's count is its own"
+    finally:
+        release.set()
+        for writer in tunnels:
+            writer.close()
+        await proxy.close()
+        upstream.close()
+        await upstream.wait_closed()
