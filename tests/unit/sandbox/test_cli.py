@@ -217,3 +217,31 @@ def test_the_door_serves_only_the_cli_s_own_processes(host: dict[str, Path]) -> 
         cli.wait()
     assert outsider.returncode == 126, outsider.stderr
     assert not (host["mine"] / "pwned").exists()
+
+
+def test_a_tree_is_granted_around_the_service_s_files_in_it(tmp_path: Path) -> None:
+    from agent_rewind.sandbox.cli import _around
+
+    tmp_path = tmp_path / "tree"
+    for name in ("a.txt", "keys/tls.key", "keys/ca.pem", "deep/er/secret", "deep/other"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (tmp_path / "link").symlink_to(tmp_path / "keys")
+    hidden = [tmp_path / "keys" / "tls.key", tmp_path / "deep" / "er"]
+    assert sorted(_around(tmp_path, hidden)) == sorted(
+        [tmp_path / "a.txt", tmp_path / "keys" / "ca.pem", tmp_path / "deep" / "other", tmp_path / "link"]
+    )
+    assert _around(tmp_path, [tmp_path]) == [], "a hidden tree is not granted at all"
+    assert _around(tmp_path / "a.txt", hidden) == [tmp_path / "a.txt"]
+
+
+def test_a_service_file_inside_a_granted_tree_is_not_readable_by_the_cli(host: dict[str, Path]) -> None:
+    """As a key in /etc or a state dir inside the venv would be: here, the venv's own
+    pyvenv.cfg stands for it, with the venv's interpreter beside it still granted."""
+    secret = Path(sys.prefix) / "pyvenv.cfg"
+    root = host["state"] / "sessions"
+    cli = CliConfinement.find(root, host["config"], Path("/bin/true"), hidden=[host["state"], secret])
+    base = root / "s1"
+    cli.prepare("s1", host["mine"], private_directories(base), transcript_dir=host["config"] / "p", base=base)
+    done = _sh(base / PROGRAMS / "cli.rules", f"cat {secret}; {sys.executable} -I -S -c 'print(2 + 2)'")
+    assert "home" not in done.stdout and done.stdout.strip().endswith("4"), done.stdout + done.stderr
