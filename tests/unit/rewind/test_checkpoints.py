@@ -166,3 +166,54 @@ def test_a_tracked_path_outside_the_workspace_is_never_put_right(tmp_path: Path)
     checkpoints.apply(fixes, work)
     assert sorted(p.name for p in outside.iterdir()) == ["kept.txt"]
     assert (outside / "kept.txt").read_text() == "outside's\n"
+
+
+def _fixed(tmp_path: Path, ours: bytes, before: bytes) -> tuple[Path, checkpoints.Fix]:
+    work, history = tmp_path / "work", tmp_path / "history"
+    work.mkdir(exist_ok=True)
+    history.mkdir(exist_ok=True)
+    (history / "b@v1").write_bytes(before)
+    (work / "f.bin").write_bytes(ours)
+    return work, checkpoints.Fix(work / "f.bin", "f.bin", history / "b@v1")
+
+
+@pytest.mark.parametrize(
+    ("ours", "before", "needed"),
+    [
+        (b"same\n", b"same\n", False),
+        (b"abcd\n", b"abce\n", True),  # the same size, another content
+        (b"x" * (3 << 20) + b"1", b"x" * (3 << 20) + b"2", True),  # differs past the first chunks
+        (b"x" * (3 << 20), b"x" * (3 << 20), False),
+        (b"short\n", b"longer\n", True),
+    ],
+)
+def test_a_file_is_put_right_unless_it_holds_exactly_the_backup(
+    tmp_path: Path, ours: bytes, before: bytes, needed: bool
+) -> None:
+    work, fix = _fixed(tmp_path, ours, before)
+    assert checkpoints.needed([fix], work) == ([fix] if needed else [])
+    checkpoints.apply([fix], work)
+    assert (work / "f.bin").read_bytes() == before
+
+
+def test_a_backup_up_to_the_bound_is_restored_and_one_past_it_left(tmp_path: Path) -> None:
+    """Sparse backups: their size is all that is looked at before a restore streams them."""
+    work, history = tmp_path / "work", tmp_path / "history"
+    work.mkdir()
+    history.mkdir()
+    for name, size in (("at@v1", checkpoints.MAX_FIX_BYTES), ("past@v1", checkpoints.MAX_FIX_BYTES + 1)):
+        with (history / name).open("wb") as f:
+            f.truncate(size)
+    view = SimpleNamespace(files_before=lambda point: {"at.bin": "at@v1", "past.bin": "past@v1"})
+    fixes = checkpoints.planned(view, None, work, history)  # type: ignore[arg-type]
+    assert [f.relative for f in fixes] == ["at.bin"]
+
+
+def test_a_backup_that_is_no_longer_a_regular_file_is_needed_and_left_as_it_is(tmp_path: Path) -> None:
+    work, fix = _fixed(tmp_path, b"ours\n", b"before\n")
+    assert fix.backup is not None
+    fix.backup.unlink()
+    os.mkfifo(fix.backup)  # swapped after the plan
+    assert checkpoints.needed([fix], work) == [fix]
+    checkpoints.apply([fix], work)  # logged, not raised, and nothing waits on the FIFO
+    assert (work / "f.bin").read_bytes() == b"ours\n"
