@@ -389,6 +389,15 @@ def _named(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
     return found
 
 
+async def _front(spans: InMemorySpanExporter) -> list[ReadableSpan]:
+    """The front's server spans, once ended: the server ends its span after the answer is on its
+    way, so the caller can hold the answer a moment before the span is exported."""
+    async with asyncio.timeout(5):
+        while not (found := [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]):
+            await asyncio.sleep(0.01)
+    return found
+
+
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_PARENT = "b7ad6b7169203331"
 
@@ -419,7 +428,7 @@ async def test_the_owner_gets_one_traceparent_the_forwards_own_never_what_the_ca
     client = sent[0]
     assert parents[0] == f"00-{CALLER_TRACE}-{client.context.span_id:016x}-01", "the forward's client span"
     assert ("x-request-origin", "web") in raw, "the caller's other metadata still goes along"
-    front = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    front = await _front(spans)
     forward = _named(spans, "forward")
     assert len(front) == 1 and front[0].parent is not None
     assert f"{front[0].parent.span_id:016x}" == CALLER_PARENT, "the caller's span is the front's parent"
@@ -440,7 +449,7 @@ async def test_the_owners_refusal_is_on_the_fronts_spans_by_its_reason(
     stub = session_service_pb2_grpc.SessionServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError):
         await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=SID))
-    (front,) = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    (front,) = await _front(spans)
     forward = _named(spans, "forward")
     assert (front.attributes or {})["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
     assert (front.attributes or {})["agent_rewind.error.reason"] == "SESSION_NOT_FOUND"
@@ -457,7 +466,7 @@ async def test_an_unreachable_owner_fails_the_fronts_server_span_as_replica_unav
         await session_service_pb2_grpc.SessionServiceStub(channel).GetSession(
             session_service_pb2.GetSessionRequest(session_id=SID)
         )
-    (front,) = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    (front,) = await _front(spans)
     assert (front.attributes or {})["agent_rewind.error.reason"] == "REPLICA_UNAVAILABLE"
     assert front.status.description == "REPLICA_UNAVAILABLE", "a server fault: the span is an error"
 
