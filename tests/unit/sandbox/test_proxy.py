@@ -355,3 +355,56 @@ async def test_a_session_has_64_connections_at_once_and_the_next_is_429(tmp_path
         await proxy.close()
         upstream.close()
         await upstream.wait_closed()
+
+
+def test_a_host_name_of_exactly_253_characters_is_one() -> None:
+    exact = ".".join(["a" * 62] * 4) + ".b"  # 4 * 63 - 1 + 2 = 253
+    assert len(exact) == 253 and normalize_host(exact) == exact
+
+
+@pytest.mark.parametrize(
+    "text", ["pypi .org", "pypi.org/", "a@pypi.org", "pypi.org?", "pypi.org#x", "pypi\\org"]
+)
+def test_a_pattern_with_a_character_a_url_would_read_otherwise_is_refused(text: str) -> None:
+    with pytest.raises(HostPatternError):
+        HostPattern.parse(text)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "CONNECT [::1:443 HTTP/1.1",  # a bracket left open
+        "CONNECT pypi.org:443 HTTP/1.1 extra",
+        "CONNECT pypi.org:443",
+        "CONNECT pypi.org:443 SPDY/3",
+        "GET http://[::1/ HTTP/1.1",
+        "GET http://:80/ HTTP/1.1",  # no host
+        "GET http://user@pypi.org/ HTTP/1.1",  # userinfo: two parsers could read two hosts
+        "GET http://pypi.org:x/ HTTP/1.1",
+    ],
+)
+def test_a_malformed_request_line_names_no_target(line: str) -> None:
+    assert _target(line) is None
+
+
+async def test_a_request_without_the_session_s_credential_is_asked_for_one(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, _, _ = proxy_and_upstream
+    answer = await _ask(proxy, f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = answer.split("\r\n\r\n")[0]
+    assert (
+        head.startswith("HTTP/1.1 407") and 'Proxy-Authenticate: Basic realm="agent-rewind sandbox"' in head
+    )
+
+
+async def test_a_head_past_its_bound_is_refused_before_anything_is_sent(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, seen, reached = proxy_and_upstream
+    padding = "X-Pad: " + "p" * (16 * 1024) + "\r\n"
+    answer = await _ask(proxy, f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\n{_auth(proxy, 's1')}{padding}\r\n")
+    assert not answer.startswith("HTTP/1.1 200") and seen == [] and reached == []
+
+
+def test_a_session_s_proxy_url_carries_its_own_credential() -> None:
+    proxy = EgressProxy(Path("/nonexistent/p.sock"), [])
+    url = proxy.url("s1")
+    assert url == f"http://s1:{proxy.credential('s1')}@127.0.0.1:3128"
+    assert proxy.credential("s1") != proxy.credential("s2")
