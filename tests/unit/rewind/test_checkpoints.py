@@ -217,3 +217,26 @@ def test_a_backup_that_is_no_longer_a_regular_file_is_needed_and_left_as_it_is(t
     assert checkpoints.needed([fix], work) == [fix]
     checkpoints.apply([fix], work)  # logged, not raised, and nothing waits on the FIFO
     assert (work / "f.bin").read_bytes() == b"ours\n"
+
+
+def test_exactly_as_many_tracked_files_as_may_be_looked_at_are_looked_at(tmp_path: Path) -> None:
+    names = [f"f{i}.txt" for i in range(checkpoints.MAX_LOOKED_AT)]
+    assert checkpoints.tracked(_view(*names), tmp_path) == sorted(names)
+
+
+@pytest.mark.parametrize("name", [".", "..", "a/b", "/etc/passwd"])
+def test_a_backup_name_that_is_not_one_file_name_is_never_read(tmp_path: Path, name: str) -> None:
+    work, history = tmp_path / "work", tmp_path / "history"
+    (history / "a").mkdir(parents=True)
+    work.mkdir()
+    (history / "a" / "b").write_text("a file a path would reach\n")
+    view = SimpleNamespace(files_before=lambda point: {"x.txt": name})
+    assert checkpoints.planned(view, None, work, history) == []  # type: ignore[arg-type]
+
+
+def test_a_restored_backup_keeps_its_executable_bit(tmp_path: Path) -> None:
+    work, fix = _fixed(tmp_path, b"#!/bin/sh\necho new\n", b"#!/bin/sh\necho old\n")
+    assert fix.backup is not None
+    fix.backup.chmod(0o755)
+    checkpoints.apply([fix], work)
+    assert (work / "f.bin").stat().st_mode & 0o100
