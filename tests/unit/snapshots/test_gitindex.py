@@ -44,3 +44,38 @@ def test_other_extensions_are_read_past(repo: Path) -> None:
     data = (repo / ".git" / "index").read_bytes()
     assert b"UNTR" in data
     assert [e.path for e in gitindex.parse(data)] == [b"a.txt", b"b.txt"]
+
+
+@pytest.mark.parametrize("version", ["2", "3", "4"])
+def test_every_index_version_git_writes_is_read_alike(repo: Path, version: str) -> None:
+    (repo / "dir").mkdir()
+    (repo / "dir" / "c.txt").write_text("c\n")
+    (repo / "new.txt").write_text("new\n")
+    _git(repo, "add", "dir/c.txt")
+    _git(repo, "add", "-N", "new.txt")  # intent to add: an extended entry (version 3 and on)
+    _git(repo, "update-index", "--index-version", version)
+    entries = gitindex.parse((repo / ".git" / "index").read_bytes())
+    assert [e.path for e in entries] == [b"a.txt", b"b.txt", b"dir/c.txt", b"new.txt"]
+    assert all(e.stage == 0 for e in entries)
+
+
+def _resealed(body: bytes) -> bytes:
+    import hashlib
+
+    return body + hashlib.sha1(body, usedforsecurity=False).digest()
+
+
+def test_a_damaged_index_is_refused_never_read_in_part(repo: Path) -> None:
+    data = (repo / ".git" / "index").read_bytes()
+    body = data[:-20]
+    damaged = [
+        data[:-1] + bytes([data[-1] ^ 1]),  # the checksum
+        data[:10],  # shorter than a header and a checksum
+        _resealed(body[:-30]),  # an entry cut short
+        _resealed(body[:12] + body[12:].replace(b"a.txt\0", b"a.txtX", 1)),  # a name without its end
+        _resealed(body + b"TREE" + (1000).to_bytes(4, "big")),  # an extension past the end
+        _resealed(body + b"TR"),  # a truncated extension
+    ]
+    for bad in damaged:
+        with pytest.raises(gitindex.BadIndex):
+            gitindex.parse(bad)
