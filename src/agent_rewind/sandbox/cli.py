@@ -218,15 +218,16 @@ class CliConfinement:
 
 
 def _link(link: Path, target: Path) -> None:
-    """`link` made a symlink to `target` (the service's own, in the session's config dir)."""
+    """`link` made a symlink to `target`, in the session's config dir, which the CLI may write:
+    whatever it put there instead (another link, a file, a directory of its own) is moved aside,
+    so the CLI writes its transcript and backups where the service reads them again."""
     target.mkdir(parents=True, exist_ok=True)
-    try:
-        if link.is_symlink() and os.readlink(link) == str(target):
-            return
-        if link.is_symlink() or link.is_file():
-            link.unlink()
-    except OSError:
-        pass
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.exists():
+        link.rename(link.with_name(f"{link.name}.replaced-{os.urandom(4).hex()}"))
     link.symlink_to(target)
 
 

@@ -7,6 +7,7 @@ The proof that the service starts every CLI this way is tests/integration/test_i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -245,3 +246,54 @@ def test_a_service_file_inside_a_granted_tree_is_not_readable_by_the_cli(host: d
     cli.prepare("s1", host["mine"], private_directories(base), transcript_dir=host["config"] / "p", base=base)
     done = _sh(base / PROGRAMS / "cli.rules", f"cat {secret}; {sys.executable} -I -S -c 'print(2 + 2)'")
     assert "home" not in done.stdout and done.stdout.strip().endswith("4"), done.stdout + done.stderr
+
+
+def test_a_kernel_with_landlock_abi_3_is_enough(
+    host: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher, "abi", lambda: launcher.MIN_ABI)
+    assert CliConfinement.find(host["state"], host["config"], Path("/bin/true")).abi == launcher.MIN_ABI
+
+
+def test_what_a_session_s_cli_is_started_with(host: dict[str, Path]) -> None:
+    root = host["state"] / "sessions"
+    cli = CliConfinement.find(root, host["config"], Path("/bin/true"), hidden=[host["state"]])
+    sandbox = CommandSandbox.find(root, need_socat=False, hidden=[host["state"]])
+    base = root / "s1"
+    own = sandbox.prepare("s1", host["mine"], proxy=False, programs=base / PROGRAMS)
+    confined = cli.prepare("s1", host["mine"], own, transcript_dir=host["config"] / "p", base=base)
+    assert confined.path == base / PROGRAMS / "cli" and os.access(confined.path, os.X_OK)
+    assert confined.env["CLAUDE_CONFIG_DIR"] == str(base / "config")
+    assert confined.env["HOME"] == str(base / "home")
+    assert confined.env["CLAUDE_CODE_SHELL_PREFIX"] == str(base / PROGRAMS / "door")
+    assert subprocess.run([confined.path, "--version"], capture_output=True, check=False).returncode == 0
+
+
+def test_an_interpreter_path_too_long_for_a_shebang_line_is_run_by_a_shell(host: dict[str, Path]) -> None:
+    deep = host["state"] / ("d" * 100) / ("e" * 100) / "python"
+    deep.parent.mkdir(parents=True)
+    deep.symlink_to(sys.executable)
+    root = host["state"] / "sessions"
+    cli = CliConfinement.find(root, host["config"], Path("/bin/echo"), hidden=[host["state"]])
+    cli = dataclasses.replace(cli, python=str(deep))
+    base = root / "s1"
+    confined = cli.prepare(
+        "s1", host["mine"], private_directories(base), transcript_dir=host["config"] / "p", base=base
+    )
+    assert confined.path.read_text().startswith("#!/bin/sh")
+    done = subprocess.run([confined.path, "hello"], capture_output=True, text=True, check=False)
+    assert done.stdout == "hello\n", done.stderr
+
+
+def test_what_the_cli_put_in_place_of_its_config_links_is_moved_aside(host: dict[str, Path]) -> None:
+    _confined(host)
+    config = host["state"] / "sessions" / "s1" / "config"
+    (config / "projects").unlink()
+    (config / "projects").mkdir()
+    (config / "projects" / "forged.jsonl").write_text("{}\n")
+    (config / "file-history").unlink()
+    (config / "file-history").symlink_to(host["theirs"])
+    _confined(host)
+    assert (config / "projects").resolve() == (host["config"] / "projects").resolve()
+    assert (config / "file-history").resolve() == (host["config"] / "file-history").resolve()
+    assert [p.name for p in config.glob("projects.replaced-*/*")] == ["forged.jsonl"]
