@@ -277,3 +277,57 @@ def test_a_memory_hog_is_refused_past_the_data_limit(sandbox: CommandSandbox, ho
     hog = "python3 -c 'b = bytearray(512 << 20)' 2>&1 | tail -1; python3 -c 'b = bytearray(64 << 20); print(\"fits\")'"
     done = _run(bounded, host["workspace"], hog)
     assert done.stdout.splitlines() == ["MemoryError", "fits"], done.stdout + done.stderr
+
+
+def test_a_session_s_sandbox_is_written_again_alike_at_its_next_start(
+    sandbox: CommandSandbox, host: dict[str, Path]
+) -> None:
+    first = sandbox.prepare("s1", host["workspace"], proxy=False)
+    assert first.command is not None
+    text = first.command.read_text()
+    again = sandbox.prepare("s1", host["workspace"], proxy=False)  # a resume: everything exists
+    assert again == first and again.command is not None and again.command.read_text() == text
+    env = again.environment()
+    assert env["TMPDIR"] == env["CLAUDE_CODE_TMPDIR"] == str(again.tmp)
+    assert env["XDG_RUNTIME_DIR"] == str(again.runtime)
+    assert env["CLAUDE_CODE_SHELL_PREFIX"] == str(again.command)
+
+
+def test_without_socat_only_a_sandbox_with_allowed_hosts_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import shutil as real_shutil
+
+    which = real_shutil.which
+    monkeypatch.setattr(
+        "agent_rewind.sandbox.commands.shutil.which", lambda name: None if name == "socat" else which(name)
+    )
+    with pytest.raises(SandboxUnavailable, match="socat") as refused:
+        CommandSandbox.find(tmp_path, need_socat=True)
+    assert "bwrap" not in str(refused.value)
+    assert CommandSandbox.find(tmp_path, need_socat=False).socat is None
+
+
+@pytest.mark.parametrize(
+    ("proxy", "socket", "reaches"),
+    [(True, True, True), (False, True, False), (True, False, False)],
+)
+def test_a_command_gets_the_proxy_only_when_its_session_has_one(
+    host: dict[str, Path], tmp_path: Path, proxy: bool, socket: bool, reaches: bool
+) -> None:
+    listening = tmp_path / "proxy.sock"
+    if socket:
+        listening.write_text("")  # bound into the sandbox; this test does not connect to it
+    sandbox = CommandSandbox.find(host["state"] / "sandbox", need_socat=True, hidden=[host["state"]])
+    sandbox = dataclasses.replace(sandbox, proxy_socket=listening if socket else None)
+    confined = sandbox.prepare("s1", host["workspace"], proxy=proxy, proxy_url="http://s1:pw@127.0.0.1:3128")
+    assert confined.command is not None
+    done = subprocess.run(
+        [str(confined.command), 'echo "proxy=${HTTPS_PROXY:-none}"'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    expected = "proxy=http://s1:pw@127.0.0.1:3128" if reaches else "proxy=none"
+    assert done.stdout.strip().splitlines()[-1] == expected, done.stdout + done.stderr
