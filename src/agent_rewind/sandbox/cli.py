@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_rewind.sandbox import launcher
-from agent_rewind.sandbox.commands import SandboxUnavailable, SessionSandbox
+from agent_rewind.sandbox.commands import SandboxUnavailable, SessionSandbox, existing
 
 # What every CLI may read and run (the links among them lead into /usr).
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -87,16 +87,6 @@ def _around(tree: Path, hidden: Sequence[Path]) -> list[Path]:
     return out
 
 
-def _real(paths: Iterable[Path]) -> list[Path]:
-    out = []
-    for path in paths:
-        try:
-            out.append(path.resolve(strict=True))
-        except (OSError, RuntimeError):
-            continue
-    return out
-
-
 @dataclass(frozen=True)
 class CliConfinement:
     """Writes each session's confined CLI under `root` (the state dir's `sessions/`); one per server."""
@@ -123,7 +113,7 @@ class CliConfinement:
                 f"with landlock in the kernel's lsm= list) to confine the CLI's file tools; this host has "
                 f"{found}: run on a newer kernel, or serve with --cli-confinement off"
             )
-        return cls(root, config_dir, binary, tuple(_real(hidden)), version)
+        return cls(root, config_dir, binary, tuple(existing(hidden)), version)
 
     def _read(self) -> list[Path]:
         """What every CLI may read and run; a tree that holds one of the service's own files (the
@@ -136,7 +126,7 @@ class CliConfinement:
             Path(launcher.__file__).parent,  # (outside the venv in a development install)
         ]
         out: list[Path] = []
-        for tree in _real([*map(Path, _SYSTEM), *runtime]):
+        for tree in existing([*map(Path, _SYSTEM), *runtime]):
             out.extend(p for p in _around(tree, self.hidden) if p not in out)
         return out + [Path(p) for p in _MACHINE]
 

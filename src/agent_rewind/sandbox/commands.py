@@ -148,7 +148,7 @@ class CommandSandbox:
                 "install them (Debian: apt-get install bubblewrap socat), or serve with --sandbox off"
             )
         assert bwrap is not None
-        return cls(root=root, bwrap=bwrap, socat=socat, hidden=tuple(_existing(hidden)))
+        return cls(root=root, bwrap=bwrap, socat=socat, hidden=tuple(existing(hidden)))
 
     def probe(self) -> None:
         """Runs one command in a sandbox like a session's; raises SandboxUnavailable if it cannot."""
@@ -289,7 +289,8 @@ class CommandSandbox:
         return args
 
 
-def _existing(paths: Iterable[Path]) -> list[Path]:
+def existing(paths: Iterable[Path]) -> list[Path]:
+    """Those of `paths` that exist, resolved (links followed to what they name)."""
     out = []
     for path in paths:
         try:
