@@ -4,6 +4,7 @@ beyond the workspace, and (test_auth.py) every call is authenticated and authori
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import grpc
@@ -64,10 +65,14 @@ async def test_settings_hooks_mcp_commands_and_skills_planted_on_disk_run_nothin
     workspace = state / "workspaces" / "planted"
     workspace.mkdir(parents=True)
     _plant(workspace, markers, "workspace")  # a caller-chosen cwd that holds them already
-    _plant(state / "home", markers, "home")  # the CLI's HOME
-    _plant(state / "claude", markers, "config")  # the CLI's CLAUDE_CONFIG_DIR
+    _plant(state / "home", markers, "home")  # an unconfined CLI's HOME
+    _plant(state / "claude", markers, "config")  # the shared CLAUDE_CONFIG_DIR
+    # A confined CLI's own HOME and CLAUDE_CONFIG_DIR, which it may write itself (sandbox/cli.py).
+    sid = str(uuid.uuid4())
+    _plant(state / "sessions" / sid / "home", markers, "own-home")
+    _plant(state / "sessions" / sid / "config", markers, "own-config")
     async with serve(state) as c:
-        sid = (await c.create(cwd="planted")).session_id
+        assert (await c.create(cwd="planted", session_id=sid)).session_id == sid
         await _exercise(c, sid)
         # The agent plants them itself, through the tools it may use.
         hook = json.dumps(
