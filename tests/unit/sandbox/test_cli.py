@@ -297,3 +297,16 @@ def test_what_the_cli_put_in_place_of_its_config_links_is_moved_aside(host: dict
     assert (config / "projects").resolve() == (host["config"] / "projects").resolve()
     assert (config / "file-history").resolve() == (host["config"] / "file-history").resolve()
     assert [p.name for p in config.glob("projects.replaced-*/*")] == ["forged.jsonl"]
+
+
+def test_a_command_still_running_when_the_cli_exits_is_ended(host: dict[str, Path]) -> None:
+    """Twice over: bwrap's --die-with-parent ends it when the door's process goes, and the door
+    ends what it still runs before it goes (each alone passes this test)."""
+    _, rules = _confined(host, door=True)
+    door = host["state"] / "sessions" / "s1" / PROGRAMS / "door"
+    started = time.monotonic()
+    done = _sh(rules, f"{door} 'touch started; sleep 2; touch outlived' & sleep 0.5; exit 0")
+    assert done.returncode == 0 and time.monotonic() - started < 2
+    time.sleep(2.5)
+    assert (host["mine"] / "started").exists(), "the command ran"
+    assert not (host["mine"] / "outlived").exists(), "the command outlived its CLI"
