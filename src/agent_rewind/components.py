@@ -47,7 +47,7 @@ from agent_rewind.snapshots import git as snapshot_git
 from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
-from agent_rewind.transcript.paths import transcript_path
+from agent_rewind.transcript.paths import project_dir
 from agent_rewind.webhooks import SecretFileError, Subscription, SubscriptionError, Webhooks
 from agent_rewind.webhooks import read_secret_file as read_webhook_keys
 from agent_rewind.webhooks import subscriptions as webhook_subscriptions
@@ -260,10 +260,8 @@ def default_factory(
         )
         env = {**spec.env, **own.environment()}
         if cli is not None:
-            transcript = transcript_path(config.claude_config_dir, str(spec.cwd), spec.session_id)
-            confined = cli.prepare(
-                spec.session_id, spec.cwd, own, transcript_dir=transcript.parent, base=base
-            )
+            transcripts = project_dir(config.claude_config_dir, str(spec.cwd), spec.session_id)
+            confined = cli.prepare(spec.session_id, spec.cwd, own, transcript_dir=transcripts, base=base)
             env.update(confined.env)
             spec = dataclasses.replace(spec, cli_path=confined.path)
         spec = dataclasses.replace(spec, env=env)

@@ -36,3 +36,12 @@ def exists(path: Path) -> bool:
         return path.exists()
     except OSError:
         return False
+
+
+def project_dir(config_dir: Path, cwd: str, session_id: str) -> Path:
+    """The directory the CLI keeps the session's transcript in: named after the workspace when
+    the CLI uses that name as it is (no look-up), else wherever the transcript is found."""
+    name = project_name(cwd)
+    if len(name) <= PROJECT_NAME_MAX:
+        return config_dir / "projects" / name
+    return transcript_path(config_dir, cwd, session_id).parent
