@@ -211,15 +211,14 @@ def _as_nobody(sandbox: CommandSandbox, base: Path, command: str) -> subprocess.
     confined = sandbox.prepare("s1", workspace, proxy=False)
     for path in [base, *base.rglob("*")]:
         os.lchown(path, 65534, 65534)
+    # setpriv drops to the user (util-linux, as bwrap's own package needs): subprocess's own
+    # `user=` forks without vfork, and a fork in a process grpc has threads in can break the child.
     return subprocess.run(
-        [str(confined.command), command],
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(confined.command), command],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        user=65534,
-        group=65534,
-        extra_groups=[],
         cwd=workspace,
     )
 
