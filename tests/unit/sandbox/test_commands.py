@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent_rewind.sandbox import CommandLimits, CommandSandbox, SandboxUnavailable
+from agent_rewind.sandbox.commands import _PROXY_SOCKET, PROXY_PORT
 
 
 @pytest.fixture
@@ -314,19 +316,100 @@ def test_without_socat_only_a_sandbox_with_allowed_hosts_is_refused(
 def test_a_command_gets_the_proxy_only_when_its_session_has_one(
     host: dict[str, Path], tmp_path: Path, proxy: bool, socket: bool, reaches: bool
 ) -> None:
+    """Its proxy settings, and its way to the proxy: the port inside that leads to the server's
+    socket (here a listener that greets whoever connects)."""
     listening = tmp_path / "proxy.sock"
-    if socket:
-        listening.write_text("")  # bound into the sandbox; this test does not connect to it
-    sandbox = CommandSandbox.find(host["state"] / "sandbox", need_socat=True, hidden=[host["state"]])
-    sandbox = dataclasses.replace(sandbox, proxy_socket=listening if socket else None)
-    confined = sandbox.prepare("s1", host["workspace"], proxy=proxy, proxy_url="http://s1:pw@127.0.0.1:3128")
-    assert confined.command is not None
-    done = subprocess.run(
-        [str(confined.command), 'echo "proxy=${HTTPS_PROXY:-none}"'],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    server = _greeter(listening) if socket else None
+    try:
+        sandbox = CommandSandbox.find(host["state"] / "sandbox", need_socat=True, hidden=[host["state"]])
+        sandbox = dataclasses.replace(sandbox, proxy_socket=listening if socket else None)
+        confined = sandbox.prepare(
+            "s1", host["workspace"], proxy=proxy, proxy_url="http://s1:pw@127.0.0.1:3128"
+        )
+        assert confined.command is not None
+        done = subprocess.run(
+            [
+                str(confined.command),
+                'echo "proxy=${HTTPS_PROXY:-none}"; '
+                f"(exec 3<>/dev/tcp/127.0.0.1/{PROXY_PORT} && head -1 <&3) 2>/dev/null || echo unreachable; "
+                f"test -e {_PROXY_SOCKET} && echo socket-shown || echo no-socket",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        if server is not None:
+            server.close()
+    expected = (
+        ["proxy=http://s1:pw@127.0.0.1:3128", "hello from the proxy", "socket-shown"]
+        if reaches
+        else ["proxy=none", "unreachable", "no-socket"]
     )
-    expected = "proxy=http://s1:pw@127.0.0.1:3128" if reaches else "proxy=none"
-    assert done.stdout.strip().splitlines()[-1] == expected, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines() == expected, done.stdout + done.stderr
+
+
+def _greeter(path: Path) -> socket.socket:
+    """A unix socket that answers each connection with one line (closed by the caller)."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"hello from the proxy\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def test_a_probe_left_behind_by_a_killed_start_does_not_stop_the_next(sandbox: CommandSandbox) -> None:
+    """A start SIGKILLed during its probe leaves the probe's directory: the next start probes
+    over it."""
+    (sandbox.root / "probe" / "workspace").mkdir(parents=True)
+    sandbox.probe()
+    assert not (sandbox.root / "probe").exists()
+
+
+def test_a_sandbox_whose_agent_removed_its_tmp_link_is_written_again_at_the_next_start(
+    sandbox: CommandSandbox, host: dict[str, Path]
+) -> None:
+    """Under a /tmp state dir the private /tmp holds a link back to itself, which the agent can
+    delete (it is in its /tmp): the next start puts it back instead of failing."""
+    first = sandbox.prepare("s1", host["workspace"], proxy=False)
+    tmp = first.tmp
+    assert tmp.is_relative_to("/tmp"), "pytest's directories are under /tmp"
+    link = tmp / tmp.relative_to("/tmp")
+    assert link.is_symlink()
+    link.unlink()
+    again = sandbox.prepare("s1", host["workspace"], proxy=False)
+    assert link.is_symlink() and os.readlink(link) == "/tmp"
+    assert again.command is not None
+    done = subprocess.run(
+        [str(again.command), f"cd {tmp} && pwd -P"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "/tmp", done.stderr
+
+
+def test_var_tmp_is_the_sandbox_s_own_tmp(sandbox: CommandSandbox, host: dict[str, Path]) -> None:
+    """Tools that write to /var/tmp write to the private /tmp, never the host's."""
+    done = _run(sandbox, host["workspace"], "echo kept > /var/tmp/t && cat /tmp/t")
+    assert done.returncode == 0 and done.stdout == "kept\n", done.stderr
+
+
+def test_a_hidden_path_that_is_not_there_is_left_out(host: dict[str, Path]) -> None:
+    """A service file named but missing (an access file not mounted) hides nothing and breaks
+    nothing: bwrap could not mount over a path that does not exist in a read-only /etc."""
+    missing = Path("/etc") / f"agent-rewind-absent-{os.getpid()}" / "access.yaml"
+    sandbox = CommandSandbox.find(
+        host["state"] / "sandbox", need_socat=False, hidden=[missing, host["state"]]
+    )
+    assert sandbox.hidden == (host["state"].resolve(),)
+    done = _run(sandbox, host["workspace"], "echo ran")
+    assert done.stdout == "ran\n", done.stderr
