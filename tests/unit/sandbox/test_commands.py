@@ -188,7 +188,7 @@ def test_pid_1_is_the_command_itself_with_nothing_of_the_cli(
                 'tr "\\0" "\\n" </proc/1/environ; echo ===; tr "\\0" " " </proc/1/cmdline; echo ===; '
                 "readlink /proc/1/fd/0; echo ===; echo $$",
             ],
-            stdin=left,
+            stdin=left.fileno(),
             capture_output=True,
             text=True,
             timeout=60,
