@@ -14,8 +14,8 @@ from aiohttp import web
 from standardwebhooks import Webhook, WebhookVerificationError
 
 # What to do with the n-th attempt (from 1) of the delivery with webhook-id `msg_id`.
-# "ok", "fail" (HTTP 500), "redirect" (HTTP 307), "hang" (no answer), or "take-and-hang" (kept as
-# delivered, no answer).
+# "ok", "fail" (HTTP 500), "redirect" (HTTP 307), "hang" (no answer), "take-and-hang" (kept as
+# delivered, no answer), or "status NNN" (that status; kept as delivered when it is a 2xx).
 Plan = Callable[[str, int], str]
 
 
@@ -90,6 +90,14 @@ class Receiver:
             return web.Response(status=500, text="not now")
         if action == "redirect":  # elsewhere: a sender that follows it delivers nothing here
             return web.Response(status=307, headers={"location": "/elsewhere"})
+        if action.startswith("status "):
+            status = int(action.removeprefix("status "))
+            if 200 <= status < 300:
+                self.accepted.append(
+                    Delivery(msg_id, json.loads(body), headers, asyncio.get_running_loop().time())
+                )
+                self.arrived.set()
+            return web.Response(status=status)
         self.accepted.append(Delivery(msg_id, json.loads(body), headers, asyncio.get_running_loop().time()))
         self.arrived.set()
         return web.Response(status=204)

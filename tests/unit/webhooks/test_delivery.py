@@ -263,3 +263,91 @@ async def test_a_batch_that_starts_with_another_principal_s_event_ends_past_the_
     finally:
         await third.stop()
     assert receiver.cursors() == [2], "alice's event once, bob's never"
+
+
+def _sample(name: str, url: str) -> float:
+    """A webhook metric's value for `url` (0 when never set)."""
+    value = metrics.REGISTRY.get_sample_value(name, {"webhook": Subscription(url).shown})
+    return value or 0.0
+
+
+def _counted_claims(webhooks: Webhooks) -> list[tuple[float, Any]]:
+    """Every claim the (one) URL's loop makes from now on: (the loop's time, the lease or None)."""
+    [deliverer] = webhooks.deliverers
+    claims: list[tuple[float, Any]] = []
+    claim = deliverer.claim
+
+    async def counted() -> Any:
+        lease = await claim()
+        claims.append((asyncio.get_running_loop().time(), lease))
+        return lease
+
+    deliverer.claim = counted  # type: ignore[method-assign]
+    return claims
+
+
+async def _until(check: Any, within: float = 20.0) -> None:
+    async with asyncio.timeout(within):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+async def test_answers_200_to_299_are_deliveries_and_300_is_not(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """The 2xx bounds exactly: a receiver's 200 and 299 take the event; a 300 (not followed) fails it."""
+    answers = {"1": "status 200", "2": "status 299", "3": "status 300"}
+    receiver.plan = lambda msg_id, attempt: answers.get(msg_id, "ok")
+    webhooks = await _start(ledger, [receiver.url], _settings(max_attempts=1))
+    try:
+        await _claimed(ledger, 1)
+        for _ in range(4):
+            await _append(ledger, [webhooks])
+        await _cursor(ledger, 4)
+        assert receiver.cursors() == [1, 2, 4]
+        [record] = await ledger.webhooks()
+        assert (record.delivered, record.failed, record.last_error) == (3, 1, "HTTP 300")
+        [failed] = await ledger.webhook_failures(receiver.url)
+        assert failed.cursor == 3
+    finally:
+        await webhooks.stop()
+
+
+async def test_a_failed_attempt_is_retried_only_after_the_backoff(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """The first retry waits between half and all of `backoff_base` (here 0.4 s): a receiver that
+    failed is not asked again at once."""
+    asked: list[float] = []
+
+    def plan(msg_id: str, attempt: int) -> str:
+        asked.append(asyncio.get_running_loop().time())
+        return "fail" if attempt == 1 else "ok"
+
+    receiver.plan = plan
+    webhooks = await _start(ledger, [receiver.url], _settings(max_attempts=2, backoff_base=0.4))
+    try:
+        await _claimed(ledger, 1)
+        await _append(ledger, [webhooks])
+        await receiver.wait_for(1)
+        assert len(asked) == 2
+        assert asked[1] - asked[0] >= 0.19
+    finally:
+        await webhooks.stop()
+
+
+async def test_an_event_s_last_failed_attempt_is_not_followed_by_a_backoff(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """With one attempt per event and a backoff of 30 to 60 s, a failed event is recorded and the
+    next one delivered at once: only a retry waits."""
+    receiver.plan = lambda msg_id, attempt: "fail" if msg_id == "1" else "ok"
+    webhooks = await _start(ledger, [receiver.url], _settings(max_attempts=1, backoff_base=60.0))
+    try:
+        await _claimed(ledger, 1)
+        for _ in range(2):
+            await _append(ledger, [webhooks])
+        await receiver.wait_for(1, within=20.0)
+        assert receiver.cursors() == [2]
+    finally:
+        await webhooks.stop()
