@@ -92,7 +92,9 @@ def parse(data: bytes) -> list[IndexEntry]:
     if len(data) < _HEAD.size + _OID:
         raise BadIndex("too short")
     body, checksum = data[:-_OID], data[-_OID:]
-    if hashlib.sha1(body, usedforsecurity=False).digest() != checksum:
+    # gremlin: pardon[untestable] True differs only where hashlib is FIPS-restricted (SHA-1 refused); no test machine is
+    digest = hashlib.sha1(body, usedforsecurity=False).digest()
+    if digest != checksum:
         raise BadIndex("its checksum does not match (not a SHA-1 index, or damaged)")
     signature, version, count = _HEAD.unpack_from(body, 0)
     if signature != SIGNATURE:
@@ -195,4 +197,6 @@ def write(entries: Iterable[tuple[bytes, str, Stat]]) -> bytes:
         used = _ENTRY.size + len(path)
         out.append(head + path + b"\0" * (8 - used % 8))
     body = b"".join(out)
-    return body + hashlib.sha1(body, usedforsecurity=False).digest()
+    # gremlin: pardon[untestable] True differs only where hashlib is FIPS-restricted (SHA-1 refused); no test machine is
+    digest = hashlib.sha1(body, usedforsecurity=False).digest()
+    return body + digest
