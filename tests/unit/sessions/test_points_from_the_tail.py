@@ -7,6 +7,7 @@ a rewound branch, a lazily written checkpoint)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -17,9 +18,9 @@ import pytest
 
 from agent_rewind.sessions import points
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
-from agent_rewind.store.ledger import NewSession, SessionRecord
+from agent_rewind.store.ledger import NewSession, PointsUpdate, SessionRecord
 from agent_rewind.store.sqlite import SqliteLedger
-from agent_rewind.testing.fake_agent import FakeFactory
+from agent_rewind.testing.fake_agent import FakeFactory, append, prompt_entry, reply_entry
 from agent_rewind.transcript import TranscriptIndex
 from agent_rewind.transcript.entries import RewindPoint
 from agent_rewind.transcript.paths import transcript_path
@@ -211,3 +212,142 @@ async def test_a_change_of_who_holds_the_newest_checkpoint_is_recorded_though_th
         found = await points.page(ledger, SID, 0, 1)
         assert found is not None and found[0].holds_newest is now, now
     assert worker.points.rebuilds == 0, "all from the head and the tail"
+
+
+# Transcripts written here line by line, each test asserting the exact index it expects (not only
+# that a tail read agrees with a whole read: both can share a slip).
+
+
+def _uid(n: int) -> str:
+    # Distinct first characters: the fake reply's API message id is made of them.
+    return f"{n:08d}-0000-4000-8000-000000000000"
+
+
+class _Chat:
+    """A conversation appended to the transcript as the CLI writes it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.leaf: str | None = None
+        self._made = 0
+
+    def _next(self) -> str:
+        self._made += 1
+        return _uid(self._made)
+
+    def prompt(self, text: str, *, after: str | None = None) -> str:
+        """A prompt going on from `after` (default: the leaf)."""
+        uid = self._next()
+        append(self.path, prompt_entry(uid, after or self.leaf, text))
+        self.leaf = uid
+        return uid
+
+    def reply(self, text: str = "done", *, after: str | None = None) -> str:
+        uid = self._next()
+        parent = after or self.leaf
+        assert parent is not None
+        append(self.path, reply_entry(uid, parent, text))
+        self.leaf = uid
+        return uid
+
+    def snapshot(self, prompt: str) -> None:
+        """The prompt's file checkpoint (the CLI writes the newest prompt's lazily)."""
+        backup = {"messageId": prompt, "trackedFileBackups": {}, "timestamp": "2026-11-29T23:27:44.628Z"}
+        append(self.path, {"type": "file-history-snapshot", "messageId": prompt, "snapshot": backup})
+
+    def turn(self, text: str, *, snapshot: bool = True, after: str | None = None) -> str:
+        uid = self.prompt(text, after=after)
+        if snapshot:
+            self.snapshot(uid)
+        self.reply(f"answer to {text}")
+        return uid
+
+
+def _writes(ledger: SqliteLedger) -> list[tuple[PointsUpdate, bool, bool]]:
+    """Each write of the index from now on: the update, and whether it touched the session and
+    was asked to be durable."""
+    seen: list[tuple[PointsUpdate, bool, bool]] = []
+    record = ledger.record_points
+
+    async def recording(update: PointsUpdate, *, touch: bool = False, durable: bool = True) -> Any:
+        seen.append((update, touch, durable))
+        return await record(update, touch=touch, durable=durable)
+
+    ledger.record_points = recording  # type: ignore[method-assign]
+    return seen
+
+
+def _changes(
+    writes: list[tuple[PointsUpdate, bool, bool]],
+) -> list[tuple[int, list[str], list[tuple[str, int]]]]:
+    """What each write changed: the rows kept, the prompts added, the kept rows' new checkpoints."""
+    return [(u.keep, [r.uuid for r in u.added], list(u.positions)) for u, _, _ in writes]
+
+
+async def _texts(ledger: SqliteLedger) -> list[str]:
+    return [p.text for p in await _indexed(ledger)]
+
+
+async def _update_time(ledger: SqliteLedger) -> datetime:
+    record = await ledger.session(SID)
+    assert record is not None
+    return record.update_time
+
+
+async def test_a_session_the_cli_has_not_written_a_transcript_for_has_an_empty_index(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """A session's points read before its first turn (no transcript file yet): an index of no
+    points, covering nothing, written without touching the session."""
+    before = await _update_time(ledger)
+    writes = _writes(ledger)
+    worker = _worker(tmp_path, ledger)
+    head = await worker.points.current_head()
+    assert (head.count, head.covered, head.digest, head.leaf) == (0, 0, "", "")
+    assert await _indexed(ledger) == []
+    assert [(touch, durable) for _, touch, durable in writes] == [(False, False)]
+    assert await _update_time(ledger) == before
+
+
+def test_the_digest_is_of_the_file_and_the_bytes_just_before_what_the_index_covered(tmp_path: Path) -> None:
+    """`digest`: the file's inode and the sha256 of the DIGEST_BYTES before `covered` (all of them
+    when fewer); "" for a file shorter than `covered`, or none."""
+    path = tmp_path / "transcript.jsonl"
+    data = bytes(range(256)) * 40  # 10 KiB
+    path.write_bytes(data)
+    inode = path.stat().st_ino
+    covered = 9000
+    far = data[covered - points.DIGEST_BYTES : covered]
+    assert points.digest(path, covered) == f"{inode}:{hashlib.sha256(far).hexdigest()}"
+    assert points.digest(path, 100) == f"{inode}:{hashlib.sha256(data[:100]).hexdigest()}"
+    assert points.digest(path, len(data) + 1) == ""
+    assert points.digest(tmp_path / "none.jsonl", 0) == ""
+
+
+async def test_a_transcript_rewritten_where_the_index_ended_is_read_whole_again(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """A transcript whose bytes just before what the index covered changed (rewritten in place,
+    then grown) is read whole, not on from the index's tail: the index names the entries the
+    file holds now. A read's rebuild neither touches the session nor waits for the disk."""
+    chat = _Chat(_path(tmp_path))
+    for n in range(12):
+        chat.turn(f"turn {n:02d}")
+    alpha = chat.turn("alpha")
+    data = chat.path.read_bytes()
+    assert len(data) > 2 * points.DIGEST_BYTES
+    await _worker(tmp_path, ledger).points.current()
+    assert (await _indexed(ledger))[-1].message_id == alpha
+    moved = _uid(999)
+    chat.path.write_bytes(data.replace(alpha.encode(), moved.encode()))  # as long: only the digest tells
+    chat.turn("beta")
+    before = await _update_time(ledger)
+    writes = _writes(ledger)
+    start = _worker(tmp_path, ledger)
+    await start.points.current()
+    assert start.points.rebuilds == 1
+    found = await _indexed(ledger)
+    assert [p.text for p in found] == [*(f"turn {n:02d}" for n in range(12)), "alpha", "beta"]
+    assert found[12].message_id == moved
+    assert [(touch, durable) for _, touch, durable in writes] == [(False, False)]
+    assert await _update_time(ledger) == before
