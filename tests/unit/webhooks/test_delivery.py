@@ -5,6 +5,8 @@ one holder deliver, and a restart that resumes after the cursor."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,8 +19,10 @@ from agent_rewind.rpc.convert import rewind_event_json
 from agent_rewind.store.ledger import EventRecord, NewEvent, NewSession
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.webhooks import Subscription, Webhooks
-from agent_rewind.webhooks.delivery import Settings
+from agent_rewind.webhooks.delivery import Deliverer, Settings
 from agent_rewind.webhooks.secrets import new_key
+from agent_rewind.webhooks.signing import Signer
+from agent_rewind.webhooks.subscriptions import visibility
 from tests.webhook_receiver import Receiver
 
 KEYS = [new_key(), new_key()]
@@ -155,6 +159,7 @@ async def test_an_attempt_that_gets_no_answer_times_out_and_the_event_is_recorde
         [failed] = await ledger.webhook_failures(stuck.url)
         assert (failed.cursor, failed.attempts) == (1, 2)
         assert failed.error.startswith("no answer within")
+        assert 0.2 <= float(failed.error.split()[3]) < 20, "the seconds the attempt waited"
         assert stuck.attempts == [("1", "hang"), ("1", "hang")]
     finally:
         await webhooks.stop()
@@ -265,9 +270,9 @@ async def test_a_batch_that_starts_with_another_principal_s_event_ends_past_the_
     assert receiver.cursors() == [2], "alice's event once, bob's never"
 
 
-def _sample(name: str, url: str) -> float:
+def _sample(name: str, url: str, **labels: str) -> float:
     """A webhook metric's value for `url` (0 when never set)."""
-    value = metrics.REGISTRY.get_sample_value(name, {"webhook": Subscription(url).shown})
+    value = metrics.REGISTRY.get_sample_value(name, {"webhook": Subscription(url).shown, **labels})
     return value or 0.0
 
 
@@ -351,3 +356,98 @@ async def test_an_event_s_last_failed_attempt_is_not_followed_by_a_backoff(
         assert receiver.cursors() == [2]
     finally:
         await webhooks.stop()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> None:
+    """One whole HTTP request (headers and body), so closing after it resets nothing."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+
+
+async def test_a_connection_error_is_recorded_by_its_cause_never_with_the_url_s_token(
+    ledger: SqliteLedger,
+) -> None:
+    """What a failed event records: a refused connection's cause, a dropped one's, and for an
+    error whose text holds the URL (a garbled answer) only "failed": the query's token stays out."""
+
+    async def garbled(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HELLO THERE\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def dropped(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.close()
+
+    servers = [await asyncio.start_server(h, "127.0.0.1", 0) for h in (garbled, dropped)]
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    with socket.socket() as unheard:  # bound, never listening: every connection refused
+        unheard.bind(("127.0.0.1", 0))
+        ports.append(unheard.getsockname()[1])
+        urls = [f"http://127.0.0.1:{port}/hook?token=s3cret" for port in ports]
+        webhooks = await _start(ledger, urls, _settings(max_attempts=1))
+        try:
+            await _claimed(ledger, 3)
+            await _append(ledger, [webhooks])
+            async with asyncio.timeout(20):
+                while sum(r.failed for r in await ledger.webhooks()) < 3:
+                    await asyncio.sleep(0.05)
+            errors = [(await ledger.webhook_failures(url))[0].error for url in urls]
+        finally:
+            await webhooks.stop()
+            for server in servers:
+                server.close()
+    assert errors == [
+        "ClientResponseError: failed",
+        "ServerDisconnectedError: Server disconnected",
+        f"ClientConnectorError: Connect call failed ('127.0.0.1', {ports[2]})",
+    ]
+
+
+async def test_a_proxy_in_the_service_s_environment_is_not_used(
+    ledger: SqliteLedger, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service's own POSTs go straight to the URL: an http_proxy in its environment (here one
+    nobody listens on) is not theirs."""
+    with socket.socket() as unheard:
+        unheard.bind(("127.0.0.1", 0))
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        for name in ("http_proxy", "HTTP_PROXY"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{unheard.getsockname()[1]}")
+        webhooks = await _start(ledger, [receiver.url], _settings())
+        try:
+            await _claimed(ledger, 1)
+            await _append(ledger, [webhooks])
+            await _cursor(ledger, 1)
+            assert receiver.cursors() == [1]
+        finally:
+            await webhooks.stop()
+
+
+async def test_a_deliverer_made_alone_keeps_its_own_cursor_writer_and_memory(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """A `Deliverer` built without the shared parts `Webhooks` hands it reads the log and moves
+    its cursor by itself."""
+    subscription = Subscription(receiver.url)
+    deliverer = Deliverer(
+        subscription, ledger, _settings(), Signer(KEYS), rewind_event_json, visibility(subscription, None)
+    )
+    running = asyncio.create_task(deliverer.run())
+    try:
+        await _claimed(ledger, 1)
+        await _append(ledger, [])
+        deliverer.wake()
+        await _cursor(ledger, 1)
+        assert receiver.cursors() == [1]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
