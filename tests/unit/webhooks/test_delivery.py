@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent_rewind import metrics
 from agent_rewind.rpc.convert import rewind_event_json
@@ -451,3 +452,73 @@ async def test_a_deliverer_made_alone_keeps_its_own_cursor_writer_and_memory(
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+async def test_events_dropped_by_retention_before_they_were_sent_are_counted_once(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """A URL at cursor 2 whose next events (3 to 5) the log's retention dropped meanwhile: the
+    missed counter grows by 3, with one warning; a batch with no gap after it warns of nothing."""
+    for _ in range(2):
+        await _append(ledger, [])
+    webhooks = await _start(ledger, [receiver.url], _settings())
+    await _claimed(ledger, 1)  # first seen: at cursor 2
+    await webhooks.stop()
+    for _ in range(5):
+        await _append(ledger, [])
+    await ledger.trim_events(keep=2, older_than=None)  # 6 and 7 left
+    missed = _sample("agent_rewind_webhook_events_missed_total", receiver.url)
+    with capture_logs() as logged:
+        again = await _start(ledger, [receiver.url], _settings())
+        try:
+            await receiver.wait_for(2)
+            await _append(ledger, [again])
+            await receiver.wait_for(3)
+        finally:
+            await again.stop()
+    assert receiver.cursors() == [6, 7, 8]
+    assert _sample("agent_rewind_webhook_events_missed_total", receiver.url) - missed == 3
+    dropped = [e for e in logged if e["event"].startswith("events dropped by the log's retention")]
+    assert [(e["after_cursor"], e["missed"]) for e in dropped] == [(2, 3)]
+
+
+async def test_the_lag_gauge_counts_the_events_not_yet_done_with(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """Three events waiting, the first delivered, the second's attempt under way: a lag of 2."""
+    webhooks = await _start(ledger, [receiver.url], _settings())
+    await _claimed(ledger, 1)
+    await webhooks.stop()
+    for _ in range(3):
+        await _append(ledger, [])
+    receiver.plan = lambda msg_id, attempt: "hang" if msg_id == "2" else "ok"
+    again = await _start(ledger, [receiver.url], _settings())
+    try:
+        async with asyncio.timeout(20):
+            await receiver.hanging.wait()
+        assert _sample("agent_rewind_webhook_lag_events", receiver.url) == 2
+    finally:
+        await again.stop()
+
+
+async def test_a_batch_that_ends_with_another_principal_s_events_moves_past_them_and_keeps_the_lease(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """alice's URL given alice's event then bob's: its cursor moves past bob's, the loop keeps its
+    lease (it claims no more) and delivers alice's next event."""
+    webhooks = await _start(ledger, [receiver.url], _settings(), principal="alice")
+    await _claimed(ledger, 1)
+    await webhooks.stop()
+    await _append(ledger, [], owner="alice")
+    await _append(ledger, [], owner="bob")
+    again = Webhooks([Subscription(receiver.url, "alice")], ledger, _settings(), KEYS, rewind_event_json)
+    claims = _counted_claims(again)
+    await again.start()
+    try:
+        await _cursor(ledger, 2)
+        await _append(ledger, [again], owner="alice")
+        await receiver.wait_for(2)
+        assert receiver.cursors() == [1, 3]
+        assert len(claims) == 1, f"the lease was dropped and claimed again: {claims}"
+    finally:
+        await again.stop()
