@@ -351,3 +351,97 @@ async def test_a_transcript_rewritten_where_the_index_ended_is_read_whole_again(
     assert found[12].message_id == moved
     assert [(touch, durable) for _, touch, durable in writes] == [(False, False)]
     assert await _update_time(ledger) == before
+
+
+def _calls(ledger: SqliteLedger, name: str) -> list[Any]:
+    """The arguments of each call of the ledger's method `name` from now on."""
+    seen: list[Any] = []
+    method = getattr(ledger, name)
+
+    async def calling(*args: Any) -> Any:
+        seen.append(args)
+        return await method(*args)
+
+    setattr(ledger, name, calling)
+    return seen
+
+
+async def test_a_start_reads_on_from_the_index_it_finds_and_writes_only_what_the_tail_added(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """A start (nothing of the transcript in memory) that finds an index goes on from its head:
+    the write keeps every row the index had and adds the tail's prompt, and the transcript is not
+    read whole."""
+    chat = _Chat(_path(tmp_path))
+    for text in ("one", "two", "three"):
+        chat.turn(text)
+    await _worker(tmp_path, ledger).points.current()
+    four = chat.turn("four")
+    writes = _writes(ledger)
+    start = _worker(tmp_path, ledger)
+    await start.points.current()
+    assert _changes(writes) == [(3, [four], [])]
+    assert await _texts(ledger) == ["one", "two", "three", "four"]
+    assert start.points.rebuilds == 0
+
+
+async def test_the_owner_reads_the_index_head_from_the_ledger_once_then_goes_on_from_what_it_wrote(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """Each read of a session's points brings the index up to date; the owner reads the head
+    from the ledger at its first, and later compares with the head it last wrote itself."""
+    chat = _Chat(_path(tmp_path))
+    chat.turn("one")
+    worker = _worker(tmp_path, ledger)
+    heads = _calls(ledger, "points_head")
+    await worker.points.current()
+    chat.turn("two")
+    await worker.points.current()
+    chat.turn("three")
+    await worker.points.record(touch=True)
+    await worker.points.current()
+    assert len(heads) == 1
+    assert await _texts(ledger) == ["one", "two", "three"]
+
+
+async def test_an_owners_read_writes_only_what_the_transcript_gained(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """The owner (its transcript in memory) brings the index up to date keeping every row it had:
+    a new turn's prompt is added, and a checkpoint the CLI wrote late for a kept prompt is set on
+    its row. It compares with the view it made the index from (no lookup of the ledger's rows);
+    an owner that did not make the index looks its rows up; and one that finds the index showing
+    its view writes nothing."""
+    chat = _Chat(_path(tmp_path))
+    for text in ("one", "two", "three"):
+        chat.turn(text)
+    owner = _worker(tmp_path, ledger)
+    await owner.view()
+    await owner.points.current()
+    writes = _writes(ledger)
+    lookups = _calls(ledger, "point_uuid")
+
+    four = chat.turn("four", snapshot=False)  # its checkpoint is written lazily
+    await owner.points.current()
+    assert _changes(writes) == [(3, [four], [])]
+    newest = (await _indexed(ledger))[-1]
+    assert (newest.has_checkpoint, newest.checkpoint_pending) == (True, True)
+
+    chat.snapshot(four)
+    five = chat.turn("five")
+    await owner.points.current()
+    assert _changes(writes)[1:] == [(4, [five], [(four, 3)])]
+    found = await _indexed(ledger)
+    assert [p.text for p in found] == ["one", "two", "three", "four", "five"]
+    assert [(p.has_checkpoint, p.checkpoint_pending) for p in found] == [(True, False)] * 5
+    assert lookups == []
+
+    other = _worker(tmp_path, ledger)  # a new owner, the index made by the one before
+    await other.view()
+    await other.points.current()
+    assert len(writes) == 2, "the index shows its view already"
+    six = chat.turn("six")
+    await other.points.current()
+    assert _changes(writes)[2:] == [(5, [six], [])]
+    assert lookups, "the rows it did not make are looked up"
+    assert await _texts(ledger) == ["one", "two", "three", "four", "five", "six"]
