@@ -445,3 +445,51 @@ async def test_an_owners_read_writes_only_what_the_transcript_gained(
     assert _changes(writes)[2:] == [(5, [six], [])]
     assert lookups, "the rows it did not make are looked up"
     assert await _texts(ledger) == ["one", "two", "three", "four", "five", "six"]
+
+
+async def test_an_owner_whose_conversation_went_on_from_an_earlier_turn_rewrites_the_index_from_there(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """The CLI went on from an earlier turn's answer (a resume there): the owner's write keeps
+    the rows before the first point that differs, found by bisection, and replaces the rest, be
+    it an early turn or the newest."""
+    chat = _Chat(_path(tmp_path))
+    answers = []
+    for text in ("one", "two", "three", "four", "five"):
+        chat.turn(text)
+        answers.append(chat.leaf)
+    owner = _worker(tmp_path, ledger)
+    await owner.view()
+    await owner.points.current()
+    writes = _writes(ledger)
+
+    three = chat.turn("three again", after=answers[1])
+    answered = chat.leaf
+    await owner.points.current()
+    assert _changes(writes) == [(2, [three], [])]
+    assert await _texts(ledger) == ["one", "two", "three again"]
+
+    chat.turn("four")
+    await owner.points.current()
+    four = chat.turn("four again", after=answered)  # the newest turn asked again
+    await owner.points.current()
+    assert _changes(writes)[2:] == [(3, [four], [])]
+    assert await _texts(ledger) == ["one", "two", "three again", "four again"]
+
+
+async def test_a_turns_record_touches_the_session_even_when_the_index_already_shows_its_view(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """`record(touch=True)`, a turn's bookkeeping, sets the session's update_time (returned, and
+    kept by the worker) whatever the index needed; a record without `touch` leaves it."""
+    _Chat(_path(tmp_path)).turn("one")
+    worker = _worker(tmp_path, ledger)
+    before, kept = await _update_time(ledger), worker.update_time
+    assert await worker.points.record() is None
+    assert (await _update_time(ledger), worker.update_time) == (before, kept)
+    assert await _texts(ledger) == ["one"]
+    for _ in range(2):  # the index shows the view already
+        stamp = await worker.points.record(touch=True)
+        assert stamp is not None and stamp > before
+        assert await _update_time(ledger) == stamp == worker.update_time
+        before = stamp
