@@ -99,7 +99,11 @@ GROUPS = (
     Group("sandbox-proxy", "sandbox/proxy.py", ("tests/unit/sandbox/test_proxy.py",)),
     Group("sandbox-commands", "sandbox/commands.py", ("tests/unit/sandbox/test_commands.py",)),
     Group("sandbox-cli", "sandbox/cli.py", ("tests/unit/sandbox/test_cli.py",)),
-    Group("access", "access.py", ("tests/unit/rpc", "tests/integration/test_auth.py")),
+    Group(
+        "access",
+        "access.py",
+        ("tests/unit/test_access.py", "tests/unit/rpc", "tests/integration/test_auth.py"),
+    ),
     Group("webhooks-subscriptions", "webhooks/subscriptions.py", ("tests/unit/webhooks",)),
     Group("webhooks-delivery", "webhooks/delivery.py", ("tests/unit/webhooks/test_delivery.py",)),
     Group(

@@ -52,7 +52,7 @@ class Permission(StrEnum):
     ADMIN = "admin"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class Principal:
     name: str
     permissions: frozenset[Permission] = field(default_factory=frozenset)
@@ -159,7 +159,7 @@ class AccessFile:
                 data = json.loads(self.path.read_text())
                 by_token, by_subject = parse(data)
             except (OSError, ValueError) as err:
-                if force and self._stamp is None:
+                if force:  # the start (the only forced read): no version in force yet
                     raise AccessFileError(f"{self.path}: {err}") from err
                 log.error("access file not reloaded; the previous version stays in force", error=str(err))
                 return
