@@ -40,13 +40,13 @@ class HostPatternError(ValueError):
     """A --sandbox-allow-host value that is not a host, host:port or *.domain[:port]."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class HostPattern:
     """`host`, `host:port` or `*.domain[:port]`; without a port, ports 80 and 443."""
 
     host: str
     port: int | None = None
-    wildcard: bool = False
+    wildcard: bool = False  # gremlin: pardon[equivalent] every pattern is made by parse, which passes it
 
     @classmethod
     def parse(cls, text: str) -> HostPattern:
@@ -75,9 +75,9 @@ class HostPattern:
 
     def matches(self, host: str, port: int) -> bool:
         if self.port is None and port not in _DEFAULT_PORTS:
-            return False
+            return False  # gremlin: pardon[equivalent] None is as false: callers use only its truth (any, if)
         if self.port is not None and port != self.port:
-            return False
+            return False  # gremlin: pardon[equivalent] None is as false: callers use only its truth (any, if)
         if self.wildcard:
             return host.endswith("." + self.host)
         return host == self.host
@@ -97,7 +97,7 @@ def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        return False
+        return False  # gremlin: pardon[equivalent] None is as false: its one caller uses only its truth
     return True
 
 
@@ -139,7 +139,7 @@ def covers(patterns: Iterable[HostPattern], narrower: HostPattern) -> bool:
             and (narrower.host == pattern.host or narrower.host.endswith("." + pattern.host))
         ):
             return True
-    return False
+    return False  # gremlin: pardon[equivalent] None is as false: callers use only its truth (if not covers)
 
 
 def allowed(patterns: Iterable[HostPattern], host: str, port: int) -> bool:

@@ -181,9 +181,9 @@ async def test_connect_tunnels_to_an_allowed_host(proxy_and_upstream) -> None:  
         ("CONNECT 127.0.0.1 HTTP/1.1", "400"),
     ],
 )
-async def test_everything_else_is_refused_before_a_byte_leaves(
+async def test_everything_else_is_refused_before_a_byte_leaves(  # type: ignore[no-untyped-def]
     proxy_and_upstream, request_line: str, status: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     proxy, port, seen, reached = proxy_and_upstream
     line = request_line.format(port=port, other=port + 1)
     answer = await _ask(proxy, f"{line}\r\n{_auth(proxy, 's1')}\r\n")
@@ -363,7 +363,22 @@ def test_a_host_name_of_exactly_253_characters_is_one() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["pypi .org", "pypi.org/", "a@pypi.org", "pypi.org?", "pypi.org#x", "pypi\\org"]
+    "text",
+    [
+        "pypi .org",
+        "pypi.org/",
+        "a@pypi.org",
+        "pypi.org?",
+        "pypi.org#x",
+        "pypi\\org",
+        # An IPv6 scope id is any text to the address parser: only the pattern's own check keeps
+        # these characters out of one.
+        "[fe80::1%x@evil.example]",
+        "[fe80::1%a b]:443",
+        "[fe80::1%a?b]",
+        "[fe80::1%a#b]",
+        "[fe80::1%a\\b]",
+    ],
 )
 def test_a_pattern_with_a_character_a_url_would_read_otherwise_is_refused(text: str) -> None:
     with pytest.raises(HostPatternError):
@@ -379,6 +394,8 @@ def test_a_pattern_with_a_character_a_url_would_read_otherwise_is_refused(text: 
         "CONNECT pypi.org:443 SPDY/3",
         "GET http://[::1/ HTTP/1.1",
         "GET http://:80/ HTTP/1.1",  # no host
+        "CONNECT :443 HTTP/1.1",  # no host, a port
+        "CONNECT []:443 HTTP/1.1",
         "GET http://user@pypi.org/ HTTP/1.1",  # userinfo: two parsers could read two hosts
         "GET http://pypi.org:x/ HTTP/1.1",
     ],
@@ -408,3 +425,73 @@ def test_a_session_s_proxy_url_carries_its_own_credential() -> None:
     url = proxy.url("s1")
     assert url == f"http://s1:{proxy.credential('s1')}@127.0.0.1:3128"
     assert proxy.credential("s1") != proxy.credential("s2")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("PyPI.org.", "pypi.org"),
+        ("pypi.org:8443", "pypi.org:8443"),
+        ("*.Example.com", "*.example.com"),
+        ("*.example.com:8080", "*.example.com:8080"),
+        ("127.0.0.1:9000", "127.0.0.1:9000"),
+        ("[::1]:9000", "[::1]:9000"),
+        ("[0:0::1]", "[::1]"),
+    ],
+)
+def test_a_pattern_is_shown_in_its_canonical_form_which_reads_back_the_same(text: str, shown: str) -> None:
+    """What the server logs as its allowed hosts at start, and what an operator may paste back."""
+    pattern = HostPattern.parse(text)
+    assert str(pattern) == shown
+    assert HostPattern.parse(shown) == pattern
+
+
+def test_a_bracket_left_open_is_named_in_the_refusal() -> None:
+    with pytest.raises(HostPatternError, match="in brackets"):
+        HostPattern.parse("[::1:443")
+
+
+async def test_the_socket_s_directories_are_made_and_only_its_owner_may_connect(tmp_path: Path) -> None:
+    """The proxy's socket may sit in a state directory that does not exist yet, two levels deep."""
+    proxy = EgressProxy(tmp_path / "state" / "run" / "p.sock", [])
+    await proxy.start()
+    try:
+        assert proxy.socket_path.is_socket()
+        assert proxy.socket_path.stat().st_mode & 0o777 == 0o600
+    finally:
+        await proxy.close()
+    assert not proxy.socket_path.exists()
+
+
+async def test_a_credential_that_is_not_strict_base64_is_refused(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    """A token with a character outside base64's alphabet is not read by skipping it: what the
+    proxy takes as the session is what the client sent, byte for byte."""
+    proxy, port, seen, reached = proxy_and_upstream
+    token = base64.b64encode(f"s1:{proxy.credential('s1')}".encode()).decode()
+    for bad in (token[:8] + "*" + token[8:], token[:8] + "\n" + token[8:]):
+        answer = await _ask(
+            proxy, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic {bad}\r\n\r\n"
+        )
+        assert answer.startswith("HTTP/1.1 407"), answer[:40]
+    assert seen == [] and reached == []
+
+
+async def test_only_a_missing_credential_is_answered_with_a_request_for_one(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    """403, 400 and 502 ask for no credential: a client that has one would only send it again."""
+    proxy, port, _, _ = proxy_and_upstream
+    for line in (f"CONNECT 127.0.0.1:{port + 1} HTTP/1.1", "GET /relative HTTP/1.1"):
+        answer = await _ask(proxy, f"{line}\r\n{_auth(proxy, 's1')}\r\n")
+        assert answer.startswith(("HTTP/1.1 403", "HTTP/1.1 400")), answer[:40]
+        assert "proxy-authenticate" not in answer.lower()
+
+
+async def test_a_head_of_exactly_its_bound_is_read_and_one_byte_more_is_not(proxy_and_upstream) -> None:  # type: ignore[no-untyped-def]
+    proxy, port, seen, _ = proxy_and_upstream
+    start = f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\n{_auth(proxy, 's1')}X-Pad: "
+    pad = 16 * 1024 - len(start) - len("\r\n\r\n")
+    exact = start + "p" * pad + "\r\n\r\n"
+    assert len(exact) == 16 * 1024
+    assert (await _ask(proxy, exact)).startswith("HTTP/1.1 200")
+    over = start + "p" * (pad + 1) + "\r\n\r\n"
+    assert not (await _ask(proxy, over)).startswith("HTTP/1.1 200")
+    assert len(seen) == 1
