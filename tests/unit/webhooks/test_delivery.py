@@ -522,3 +522,107 @@ async def test_a_batch_that_ends_with_another_principal_s_events_moves_past_them
         assert len(claims) == 1, f"the lease was dropped and claimed again: {claims}"
     finally:
         await again.stop()
+
+
+async def test_a_url_given_back_at_a_stop_is_claimed_by_the_other_within_a_third_of_its_lease(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """pod-1 (a 3 s lease) tries again every second while pod-0 holds the URL: pod-0's clean stop
+    hands it over well before a lease's length."""
+    first = await _start(ledger, [receiver.url], _settings("pod-0"))
+    await _claimed(ledger, 1)
+    second = Webhooks(
+        [Subscription(receiver.url)], ledger, _settings("pod-1", lease_s=3.0), KEYS, rewind_event_json
+    )
+    claims = _counted_claims(second)
+    await second.start()
+    try:
+        await _until(lambda: len(claims) >= 2)  # refused at its start, and again in its loop
+        assert [lease for _, lease in claims] == [None, None]
+        await first.stop()
+        async with asyncio.timeout(7):  # a third of the lease is 1 s; three times it, 9 s
+            while [r.holder for r in await ledger.webhooks()] != ["pod-1"]:
+                await asyncio.sleep(0.01)
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_ledger_failure_while_delivering_is_retried_after_a_third_of_the_lease(
+    ledger: SqliteLedger, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's first read fails: the loop claims again and reads after about a third of its
+    1.6 s lease (not at once, and not after 5 s)."""
+    reads: list[float] = []
+    events_after = ledger.events_after
+
+    async def failing_once(
+        cursor: int, session_id: str | None = None, limit: int = 1000
+    ) -> list[EventRecord]:
+        reads.append(asyncio.get_running_loop().time())
+        if len(reads) == 1:
+            raise OSError("the database is away")
+        return await events_after(cursor, session_id, limit)
+
+    monkeypatch.setattr(ledger, "events_after", failing_once)
+    webhooks = await _start(ledger, [receiver.url], _settings(lease_s=1.6))
+    try:
+        await _until(lambda: len(reads) >= 2)
+        assert 0.5 <= reads[1] - reads[0] < 4.0
+        await _append(ledger, [webhooks])
+        await receiver.wait_for(1)
+    finally:
+        await webhooks.stop()
+
+
+async def test_a_held_lease_is_renewed_in_time_and_never_let_go_while_its_holder_runs(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """pod-0 (a 3 s lease, renewed every second) keeps the URL past its first lease's end while
+    pod-1 tries to claim it every 0.2 s; pod-0 claims it once and never again."""
+    first = Webhooks(
+        [Subscription(receiver.url)], ledger, _settings("pod-0", lease_s=3.0), KEYS, rewind_event_json
+    )
+    held = _counted_claims(first)
+    await first.start()
+    second = Webhooks(
+        [Subscription(receiver.url)], ledger, _settings("pod-1", lease_s=0.6), KEYS, rewind_event_json
+    )
+    tried = _counted_claims(second)
+    await second.start()
+    try:
+        [(claimed_at, lease)] = held
+        assert lease is not None
+        await _until(lambda: any(t >= claimed_at + 3.6 or got is not None for t, got in tried))
+        assert [got for _, got in tried if got is not None] == [], "pod-1 got the URL"
+        assert len(held) == 1, "pod-0 let its lease go and claimed it again"
+        assert [r.holder for r in await ledger.webhooks()] == ["pod-0"]
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_lease_taken_over_stops_the_holder_which_delivers_again_once_it_is_free(
+    ledger: SqliteLedger, receiver: Receiver
+) -> None:
+    """Another holder takes pod-0's lease: pod-0's next renewal is refused, it stops holding, and
+    once the lease is free again it claims it and delivers the event committed meanwhile, once."""
+    webhooks = await _start(ledger, [receiver.url], _settings(lease_s=0.6))
+    [deliverer] = webhooks.deliverers
+    try:
+        await _claimed(ledger, 1)
+        thief = None
+        async with asyncio.timeout(10):
+            while thief is None:
+                if deliverer.lease is not None:
+                    await ledger.release_webhook(deliverer.lease)
+                thief = await ledger.claim_webhook(receiver.url, "thief", 30.0)
+        await _until(lambda: deliverer.lease is None)
+        await _append(ledger, [webhooks])
+        await ledger.release_webhook(thief)
+        await receiver.wait_for(1, within=20.0)
+        await _cursor(ledger, 1)
+        assert receiver.cursors() == [1]
+        assert [r.holder for r in await ledger.webhooks()] == ["pod-0"]
+    finally:
+        await webhooks.stop()
