@@ -11,9 +11,13 @@ import pytest
 
 from agent_rewind.snapshots import gitindex
 
+# No system or user config: an `index.version` or `feature.manyFiles` there would change the
+# layout the tests below cut at fixed offsets.
+_ENV = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=_ENV)
 
 
 @pytest.fixture
@@ -91,7 +95,8 @@ _LATE = 1_700_000_000_999_999_999  # a nanosecond short of a second: a float rou
 
 
 def _run_git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True).stdout.decode()
+    out = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=_ENV).stdout
+    return out.decode()
 
 
 def _cacheinfo(repo: Path, *paths: str) -> None:
