@@ -59,7 +59,7 @@ class Store(EventLog, WebhookCursors, Protocol):
     """The ledger parts delivery uses."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class Settings:
     holder: str  # this replica's id
     lease_s: float
@@ -170,6 +170,7 @@ class Deliverer:
         finally:
             for task in (sending, renewing):
                 task.cancel()
+            # gremlin: pardon[equivalent] not returned, the same first error is raised (by gather); the cancelled task ends a step later
             results = await asyncio.gather(sending, renewing, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
