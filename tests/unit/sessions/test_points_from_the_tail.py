@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,13 +18,15 @@ from typing import Any
 import pytest
 
 from agent_rewind.sessions import points
+from agent_rewind.sessions.view import READ_INLINE_BYTES
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.store.ledger import NewSession, PointsUpdate, SessionRecord
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.fake_agent import FakeFactory, append, prompt_entry, reply_entry
 from agent_rewind.transcript import TranscriptIndex
-from agent_rewind.transcript.entries import RewindPoint
+from agent_rewind.transcript.entries import PREVIEW_CHARS, RewindPoint
 from agent_rewind.transcript.paths import transcript_path
+from agent_rewind.transcript.tail import read_tail
 
 DATA = Path(__file__).parents[1] / "transcript" / "data"
 FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "expected.json").exists())
@@ -490,6 +493,148 @@ async def test_a_turns_record_touches_the_session_even_when_the_index_already_sh
     assert await _texts(ledger) == ["one"]
     for _ in range(2):  # the index shows the view already
         stamp = await worker.points.record(touch=True)
-        assert stamp is not None and stamp > before
+        assert stamp is not None and stamp >= before
         assert await _update_time(ledger) == stamp == worker.update_time
         before = stamp
+
+
+async def test_a_turn_that_goes_on_from_the_farthest_entry_the_head_keeps_is_read_from_the_tail(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """The head keeps the leaf and its SEED_ANCESTORS nearest ancestors, whether a whole read or
+    a tail read wrote it: a next turn that goes on from the farthest of them (the CLI's
+    bookkeeping came after it) is read from the tail, not the whole transcript."""
+    chat = _Chat(_path(tmp_path))
+    chat.prompt("one")
+    first = [chat.reply(f"step {n}") for n in range(points.SEED_ANCESTORS + 1)]
+    await _worker(tmp_path, ledger).points.current()  # a whole read
+    chat.prompt("two", after=first[0])
+    second = [chat.reply(f"step {n}") for n in range(points.SEED_ANCESTORS + 1)]
+    start = _worker(tmp_path, ledger)
+    await start.points.current()  # a tail read
+    assert (await _texts(ledger), start.points.rebuilds) == (["one", "two"], 0)
+    chat.prompt("three", after=second[0])
+    again = _worker(tmp_path, ledger)
+    await again.points.current()
+    assert (await _texts(ledger), again.points.rebuilds) == (["one", "two", "three"], 0)
+
+
+async def test_a_tail_larger_than_an_inline_read_is_read_in_a_thread(
+    tmp_path: Path, ledger: SqliteLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start reads a tail of up to READ_INLINE_BYTES on the event loop, a larger one (here a
+    single line past it) in a thread, never holding up the loop's other sessions. Either way the
+    index keeps a prompt's first PREVIEW_CHARS + 1 characters (enough to know it was cut)."""
+    threads: list[int] = []
+
+    def reading(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return read_tail(*args)
+
+    monkeypatch.setattr(points, "read_tail", reading)
+    chat = _Chat(_path(tmp_path))
+    chat.turn("one")
+    await _worker(tmp_path, ledger).points.current()
+    for n, size in enumerate((READ_INLINE_BYTES, READ_INLINE_BYTES + 1)):
+        uid = _uid(100 + n)
+        bare = len(json.dumps(prompt_entry(uid, chat.leaf, ""))) + 1
+        text = chr(ord("a") + n) * (size - bare)
+        covered = chat.path.stat().st_size
+        append(chat.path, prompt_entry(uid, chat.leaf, text))
+        chat.leaf = uid
+        assert chat.path.stat().st_size - covered == size
+        start = _worker(tmp_path, ledger)
+        await start.points.current()
+        assert start.points.rebuilds == 0
+        assert (await _indexed(ledger))[-1].text == text[: PREVIEW_CHARS + 1]
+    loop = threading.get_ident()
+    assert [thread == loop for thread in threads] == [True, False]
+
+
+async def _cut(ledger: SqliteLedger, at: str, target: str, size: int) -> None:
+    """A conversation rewind's cut at the entry `at` (to the point `target`), as its transaction
+    leaves it in the ledger."""
+    await ledger._execute(
+        "INSERT INTO anchors (session_id, anchor_uuid, target_message_id, transcript_size, drops_turn,"
+        " rewind_id) VALUES (?, ?, ?, ?, NULL, 'rewind-1')",
+        *(SID, at, target, size),
+    )
+
+
+async def test_a_pending_cut_is_kept_from_the_tail_until_the_conversation_goes_on_after_it(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """An index made under a pending cut (a conversation rewind the transcript does not show yet)
+    is read on from the tail while the CLI writes only bookkeeping; once a new turn goes on from
+    the cut, the view decides (the whole transcript is read): the cut is in the transcript, the
+    ledger lets it go, and the index shows the new turn."""
+    chat = _Chat(_path(tmp_path))
+    chat.turn("one")
+    answer = chat.leaf
+    assert answer is not None
+    two = chat.turn("two")
+    chat.turn("three")
+    await _cut(ledger, answer, two, chat.path.stat().st_size)
+    await _worker(tmp_path, ledger).points.current()
+    found = await points.page(ledger, SID, 0, 10)
+    assert found is not None and found[0].cut == answer
+    assert [p.text for p in found[1]] == ["one"]
+
+    append(chat.path, {"type": "queue-operation", "operation": "enqueue", "sessionId": SID, "content": "x"})
+    start = _worker(tmp_path, ledger)
+    await start.points.current()
+    assert (await _texts(ledger), start.points.rebuilds) == (["one"], 0)
+    assert await ledger.anchor(SID) is not None
+
+    chat.turn("two again", after=answer)
+    start = _worker(tmp_path, ledger)
+    await start.points.current()
+    assert (await _texts(ledger), start.points.rebuilds) == (["one", "two again"], 1)
+    assert await ledger.anchor(SID) is None
+    found = await points.page(ledger, SID, 0, 10)
+    assert found is not None and found[0].cut == ""
+
+
+async def test_an_index_made_under_a_cut_the_ledger_let_go_is_read_whole_again(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """The owner found a new turn had written a pending cut into the transcript and let the cut
+    go, but never wrote the index (it stopped first): the next start finds the index made under
+    a cut the ledger no longer holds and reads the transcript whole."""
+    chat = _Chat(_path(tmp_path))
+    chat.turn("one")
+    answer = chat.leaf
+    assert answer is not None
+    two = chat.turn("two")
+    await _cut(ledger, answer, two, chat.path.stat().st_size)
+    await _worker(tmp_path, ledger).points.current()
+    assert await _texts(ledger) == ["one"]
+    chat.turn("two again", after=answer)
+    await _worker(tmp_path, ledger).view()  # the owner lets the cut go, and stops
+    assert await ledger.anchor(SID) is None
+    start = _worker(tmp_path, ledger)
+    await start.points.current()
+    assert (await _texts(ledger), start.points.rebuilds) == (["one", "two again"], 1)
+
+
+async def test_a_checkpoint_written_late_for_the_newest_point_is_read_from_the_tail_after_tails_without_a_prompt(
+    tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    """The CLI writes the newest prompt's checkpoint lazily: a start that reads a tail with no new
+    prompt keeps knowing which prompt is the newest, so the next start reads the late checkpoint
+    from the tail too and the point shows it written."""
+    chat = _Chat(_path(tmp_path))
+    chat.turn("one")
+    two = chat.prompt("two")
+    await _worker(tmp_path, ledger).points.current()
+    chat.reply()
+    start = _worker(tmp_path, ledger)
+    await start.points.current()
+    newest = (await _indexed(ledger))[-1]
+    assert (newest.message_id, newest.has_checkpoint, newest.checkpoint_pending) == (two, True, True)
+    chat.snapshot(two)
+    again = _worker(tmp_path, ledger)
+    await again.points.current()
+    newest = (await _indexed(ledger))[-1]
+    assert (newest.message_id, newest.has_checkpoint, newest.checkpoint_pending) == (two, True, False)
+    assert start.points.rebuilds == again.points.rebuilds == 0
