@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent_rewind.rewind import checkpoints
 from agent_rewind.snapshots import files
@@ -215,8 +216,11 @@ def test_a_backup_that_is_no_longer_a_regular_file_is_needed_and_left_as_it_is(t
     fix.backup.unlink()
     os.mkfifo(fix.backup)  # swapped after the plan
     assert checkpoints.needed([fix], work) == [fix]
-    checkpoints.apply([fix], work)  # logged, not raised, and nothing waits on the FIFO
+    with capture_logs() as logged:
+        checkpoints.apply([fix], work)  # logged, not raised, and nothing waits on the FIFO
     assert (work / "f.bin").read_bytes() == b"ours\n"
+    [error] = [e for e in logged if e["log_level"] == "error"]
+    assert error["error"] == "the backup b@v1 is not a regular file", "the log says why"
 
 
 def test_exactly_as_many_tracked_files_as_may_be_looked_at_are_looked_at(tmp_path: Path) -> None:
@@ -240,3 +244,27 @@ def test_a_restored_backup_keeps_its_executable_bit(tmp_path: Path) -> None:
     fix.backup.chmod(0o755)
     checkpoints.apply([fix], work)
     assert (work / "f.bin").stat().st_mode & 0o100
+
+
+def test_a_backup_that_grew_past_the_bound_since_the_plan_is_left_and_one_at_it_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`apply` checks the bound again on the backup it opens (here made 7 bytes): one of exactly
+    7 bytes is restored; one that grew to 8 after the plan is left as the CLI's restore left it."""
+    monkeypatch.setattr(checkpoints, "MAX_FIX_BYTES", 7)
+    work, at = _fixed(tmp_path, b"ours\n", b"1234567")
+    history = tmp_path / "history"
+    (history / "past@v1").write_bytes(b"12345678")
+    (work / "past.bin").write_bytes(b"ours\n")
+    past = checkpoints.Fix(work / "past.bin", "past.bin", history / "past@v1")
+    checkpoints.apply([at, past], work)
+    assert (work / "f.bin").read_bytes() == b"1234567"
+    assert (work / "past.bin").read_bytes() == b"ours\n"
+
+
+def test_a_workspace_that_cannot_be_read_needs_no_fix(tmp_path: Path) -> None:
+    """Gone (or not a directory): no fix is planned, and the rewind's plan goes on with the CLI's
+    own list (an empty list, not an error)."""
+    work, fix = _fixed(tmp_path, b"ours\n", b"before\n")
+    assert checkpoints.needed([fix], tmp_path / "gone") == []
+    assert checkpoints.needed([fix], work / "f.bin") == []
