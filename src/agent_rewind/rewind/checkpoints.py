@@ -58,7 +58,7 @@ MAX_LOOKED_AT_BYTES = 1 << 20  # in all
 MAX_FIX_BYTES = 256 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class Fix:
     path: Path  # absolute, inside the workspace
     relative: str  # the same path, from the workspace
