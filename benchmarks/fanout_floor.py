@@ -5,7 +5,7 @@ It serves two methods of the real RewindService under their real names, so the b
 watcher processes (`benchmarks/watcher.py`) and its timing code use it unchanged:
 
 - `WatchRewindEvents`: a `caught_up` with the newest cursor, then each new event, as bytes made
-  once for every stream (what the service does too: rpc/rewind_service.py `_EventMessages`);
+  once for every stream (what the service does too: rpc/caches.py `EventMessages`);
 - `Rewind`: appends an event (nothing durable, no CLI, no ledger), answers, and wakes every
   stream 2 ms later, as the service's hub does (events/hub.py `_WAKE_DELAY`).
 

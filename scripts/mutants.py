@@ -119,7 +119,15 @@ GROUPS = (
     ),
     Group("seed", "snapshots/seed.py", ("tests/unit/snapshots/test_seed.py",)),
     Group("forking", "sessions/forking.py", ("tests/integration/test_history.py",), select="fork"),
-    Group("rewind-service", "rpc/rewind_service.py", ("tests/unit/rpc", "tests/integration/test_auth.py")),
+    Group("rpc-caches", "rpc/caches.py", ("tests/unit/rpc/test_caches.py", "tests/unit/events/test_hub.py")),
+    # The servicer's own logic (pages of points, capabilities, the watch) is driven through the
+    # real server in the test's process.
+    Group(
+        "rewind-service",
+        "rpc/rewind_service.py",
+        ("tests/unit/rpc", "tests/integration/test_auth.py", "tests/integration/test_rewind.py"),
+        select="not postgres",
+    ),
 )
 
 # The most a group's mutants may survive, in percent of those that ran, as its last recorded run

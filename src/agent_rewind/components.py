@@ -208,9 +208,12 @@ async def ledger_of(config: Config) -> Ledger:
     return ledger
 
 
-async def start_events(made: Made, ledger: Ledger, config: Config) -> EventHub:
-    """The event hub, following the ledger's event log."""
-    hub = EventHub(ledger, max_lag=config.watcher_buffer)
+async def start_events(
+    made: Made, ledger: Ledger, config: Config, on_session_deleted: Callable[[str], None]
+) -> EventHub:
+    """The event hub, following the ledger's event log; it tells `on_session_deleted` of every
+    deleted session (what holds copies of its events, pages or record drops them)."""
+    hub = EventHub(ledger, max_lag=config.watcher_buffer, on_session_deleted=on_session_deleted)
     made.push_async_callback(hub.close)
     await hub.start()
     return hub

@@ -35,6 +35,7 @@ from agent_rewind.replicas import Membership, Owners
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, registration, tooling
 from agent_rewind.rpc.auth import Authenticator
+from agent_rewind.rpc.caches import ServiceCaches
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.requests import PageTokens
 from agent_rewind.rpc.rewind_service import RewindServicer
@@ -267,7 +268,8 @@ async def _make(
     confinement = await components.open_cli_confinement(config)
     model = components.start_model(made, backend)
     ledger = await components.open_ledger(made, config)
-    hub = await components.start_events(made, ledger, config)
+    caches = ServiceCaches()
+    hub = await components.start_events(made, ledger, config, caches.forget)
     snapshots = components.open_snapshots(made, config, ledger)
     listening = components.listen(made, config, credentials)
     server, port = listening.server, listening.port
@@ -355,6 +357,7 @@ async def _make(
             authenticator,
             backend,
             hub,
+            caches,
             live.capacity,
             membership,
             forwarder,

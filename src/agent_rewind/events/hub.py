@@ -87,7 +87,13 @@ class _Watcher:
 
 
 class EventHub:
-    def __init__(self, ledger: EventLog, *, max_lag: int = 1000) -> None:
+    def __init__(
+        self,
+        ledger: EventLog,
+        *,
+        max_lag: int = 1000,
+        on_session_deleted: Callable[[str], None] | None = None,
+    ) -> None:
         self._ledger = ledger
         self._max_lag = max_lag
         self._cache: OrderedDict[int, EventRecord] = OrderedDict()
@@ -98,7 +104,7 @@ class EventHub:
         self._wake_scheduled = False
         # Told the id of every session whose SESSION_DELETED the hub learns of (published here,
         # or read from the log): whatever holds copies of its events drops them.
-        self.on_session_deleted: list[Callable[[str], None]] = []
+        self._on_session_deleted = on_session_deleted
 
     async def start(self) -> None:
         _, newest = await self._ledger.event_bounds()
@@ -146,8 +152,8 @@ class EventHub:
             # ledger's copies): watchers that replay them now read them from the ledger.
             for cursor in [c for c, e in self._cache.items() if e.session_id == event.session_id]:
                 del self._cache[cursor]
-            for forget in self.on_session_deleted:
-                forget(event.session_id)
+            if self._on_session_deleted is not None:
+                self._on_session_deleted(event.session_id)
         self._cache[event.cursor] = event
         self._cache.move_to_end(event.cursor)
         while len(self._cache) > _CACHE:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -13,73 +12,23 @@ import grpc
 from agent_rewind import __version__
 from agent_rewind.access import Principal
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, NotServed, QuotaExceeded, SessionNotFound, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, NotServed, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.replicas import Elsewhere, Membership
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
+from agent_rewind.rpc.caches import ServiceCaches, WatchStreams
 from agent_rewind.rpc.errors import abort
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
-from agent_rewind.rpc.pages import PointPages
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter, points
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.store.ledger import EventRecord, SessionRecord
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
-
-
-class _EventMessages:
-    """Each event's response built and encoded once, however many watchers send it (the
-    registration passes bytes through as they are): the newest `size` of them, up to `max_bytes`
-    in all. A deleted session's are dropped with it (they name its files)."""
-
-    def __init__(self, size: int = 4096, max_bytes: int = 64 << 20) -> None:
-        self._size = size
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._messages: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
-
-    def response(self, event: EventRecord) -> bytes:
-        found = self._messages.get(event.cursor)
-        if found is not None and found[0] == event.session_id:
-            return found[1]
-        encoded = rewind_service_pb2.WatchRewindEventsResponse(
-            event=convert.rewind_event(event)
-        ).SerializeToString()
-        self._messages[event.cursor] = (event.session_id, encoded)
-        self._bytes += len(encoded)
-        while (self._bytes > self._max_bytes or len(self._messages) > self._size) and self._messages:
-            _, (_, dropped) = self._messages.popitem(last=False)
-            self._bytes -= len(dropped)
-        return encoded
-
-    def forget(self, session_id: str) -> None:
-        for cursor in [c for c, (s, _) in self._messages.items() if s == session_id]:
-            self._bytes -= len(self._messages.pop(cursor)[1])
-
-
-class _Streams:
-    """How many watch streams each principal holds open here (--max-watch-streams-per-principal)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._open: dict[str, int] = {}
-
-    @contextlib.contextmanager
-    def held(self, principal: str) -> Iterator[None]:
-        if self._open.get(principal, 0) >= self.limit:
-            raise QuotaExceeded("watch_streams", self.limit)
-        self._open[principal] = self._open.get(principal, 0) + 1
-        try:
-            yield
-        finally:
-            self._open[principal] -= 1
-            if not self._open[principal]:
-                del self._open[principal]
 
 
 async def _cut_off(
@@ -111,6 +60,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         auth: Authenticator,
         backend: str,
         hub: EventHub,
+        caches: ServiceCaches,
         max_live_sessions: int = 0,
         membership: Membership | None = None,
         forwarder: Forwarder | None = None,
@@ -128,15 +78,11 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         self._engine = engine
         self._hub = hub
         self._max_live_sessions = max_live_sessions
-        self._events = _EventMessages()
-        # A deleted session's events, as watchers got them, named its files: they go with it.
-        hub.on_session_deleted.append(self._events.forget)
-        # Pages of points (the prompts' text): they go with a deleted session too.
-        self._pages = PointPages()
-        hub.on_session_deleted.append(self._pages.forget)
-        self._records: OrderedDict[str, SessionRecord] = OrderedDict()
-        hub.on_session_deleted.append(self._forget_record)
-        self._streams = _Streams(max_watch_streams)
+        # What calls share (the hub drops a deleted session's: rpc/caches.py).
+        self._events = caches.events
+        self._pages = caches.pages
+        self._records = caches.records
+        self._streams = WatchStreams(max_watch_streams)
         self._tokens = tokens
         self.auth = auth
         self._backend = backend
@@ -203,7 +149,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             if found_head is None:
                 # Deleted (its index went with it), or an index its owner has not written yet (a
                 # session from before the index): the owner answers, and writes it.
-                self._records.pop(session_id, None)
+                self._records.forget(session_id)
                 await self._registry.stored(session_id, principal)
                 assert self.forwarder is not None
                 owner = await self.forwarder.owners.owner(session_id)
@@ -235,21 +181,10 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             self._pages.keep_encoded(session_id, start, size, key, encoded)
         return encoded
 
-    def _forget_record(self, session_id: str) -> None:
-        self._records.pop(session_id, None)
-
     async def _stored(self, session_id: str, principal: Principal) -> SessionRecord:
-        """A session another replica owns, as the ledger recorded it at its creation (what a page
-        reads of it never changes), kept; SESSION_NOT_FOUND to a principal that may not see it."""
-        record = self._records.get(session_id)
-        if record is None:
-            record = await self._registry.stored(session_id, principal)
-            self._records[session_id] = record
-            while len(self._records) > 4096:
-                self._records.popitem(last=False)
-        if not principal.owns(record.principal):
-            raise SessionNotFound(session_id)
-        return record
+        """A session another replica owns, as the ledger recorded it at its creation;
+        SESSION_NOT_FOUND to a principal that may not see it."""
+        return await self._records.get(session_id, principal, self._registry.stored)
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
         # Round 4's narrowing and reverts are named in the contract but not served yet: a request

@@ -83,8 +83,8 @@ def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
 async def hubs(ledger: SqliteLedger) -> AsyncIterator[MakeHub]:
     made: list[EventHub] = []
 
-    async def make(max_lag: int = 1000) -> EventHub:
-        hub = EventHub(ledger, max_lag=max_lag)
+    async def make(max_lag: int = 1000, on_session_deleted: Callable[[str], None] | None = None) -> EventHub:
+        hub = EventHub(ledger, max_lag=max_lag, on_session_deleted=on_session_deleted)
         await hub.start()
         made.append(hub)
         return hub
@@ -647,3 +647,21 @@ async def test_a_session_s_deletion_replays_its_earlier_events_as_the_ledger_now
     ]
     assert isinstance(replay[0], EventRecord) and replay[0].data == {"files": {"files_changed": []}}
     assert replay[1] == theirs
+
+
+async def test_whatever_keeps_a_session_s_copies_hears_of_its_deletion_published_or_read_from_the_log(
+    ledger: SqliteLedger, log: Log, hubs: MakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The RPC layer's caches (events, pages of prompts, records) drop a deleted session's copies
+    when the hub learns of its deletion: here, or on another replica (from the log)."""
+    monkeypatch.setattr(hub_module, "_POLL", 0.05)
+    heard: list[str] = []
+    hub = await hubs(on_session_deleted=heard.append)
+    hub.publish(await log.append())  # not a deletion
+    hub.publish(await ledger.erase_session(SID, NewEvent("SESSION_DELETED", SID, data={"owner": ""})))
+    assert heard == [SID]
+    await ledger.erase_session(OTHER, NewEvent("SESSION_DELETED", OTHER, data={"owner": ""}))
+    async with asyncio.timeout(10):
+        while len(heard) < 2:
+            await asyncio.sleep(0.01)
+    assert heard == [SID, OTHER]
