@@ -107,24 +107,32 @@ def copy_workspace(source: Path, target: Path) -> None:
     directories, regular files and symlinks (copied as links). The source is walked by
     descriptors that follow no link (`os.fwalk`), so a directory the agent swaps for a link
     meanwhile is not entered; a file is opened only if it is a regular one, without blocking (a
-    FIFO, socket or device is left out, never waited on), and streamed."""
+    FIFO, socket or device is left out, never waited on), and streamed. What is gone by the time
+    it is reached (a process of the agent's still at work) is left out."""
     if not source.is_absolute() or source.is_symlink():
         raise OSError(f"the workspace {source} is not a directory of its own")
     for top, dirs, names, dirfd in os.fwalk(source, follow_symlinks=False):
         here = target / os.path.relpath(top, source)
         here.mkdir(parents=True, exist_ok=True)
         for name in dirs + names:
-            info = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
+            try:
+                info = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                link = os.readlink(name, dir_fd=dirfd) if stat.S_ISLNK(info.st_mode) else None
+            except FileNotFoundError:
+                continue  # gone since its directory was listed (a process of the agent's at work)
+            if link is not None:
                 with contextlib.suppress(FileNotFoundError):  # a retried fork's
                     os.unlink(here / name)
-                os.symlink(os.readlink(name, dir_fd=dirfd), here / name)
+                os.symlink(link, here / name)
             elif stat.S_ISREG(info.st_mode):
                 _copy_file(name, dirfd, here / name)
 
 
 def _copy_file(name: str, dirfd: int, target: Path) -> None:
-    fd = open_regular(name, dirfd)
+    try:
+        fd = open_regular(name, dirfd)
+    except FileNotFoundError:
+        return  # gone since it was listed
     if fd < 0:
         return  # swapped since it was listed: not a regular file now
     try:
