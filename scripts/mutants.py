@@ -118,7 +118,12 @@ GROUPS = (
         ("tests/unit/snapshots/test_gitindex.py", "tests/unit/snapshots/test_seed.py"),
     ),
     Group("seed", "snapshots/seed.py", ("tests/unit/snapshots/test_seed.py",)),
-    Group("forking", "sessions/forking.py", ("tests/integration/test_history.py",), select="fork"),
+    Group(
+        "forking",
+        "sessions/forking.py",
+        ("tests/unit/sessions/test_forking.py", "tests/integration/test_history.py"),
+        select="fork",
+    ),
     Group("rpc-caches", "rpc/caches.py", ("tests/unit/rpc/test_caches.py", "tests/unit/events/test_hub.py")),
     # The servicer's own logic (pages of points, capabilities, the watch) is driven through the
     # real server in the test's process.
