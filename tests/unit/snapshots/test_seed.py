@@ -18,12 +18,15 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from structlog.testing import capture_logs
 
-from agent_rewind.snapshots import Snapshot, SnapshotStore, gitindex
+from agent_rewind.snapshots import GitTimeout, Snapshot, SnapshotError, SnapshotStore, gitindex, seed
 from agent_rewind.snapshots import store as store_module
 from agent_rewind.snapshots import watch as watch_module
+from agent_rewind.snapshots.git import Git
 from agent_rewind.snapshots.seed import read_index
 
 PAST = time.time() - 3600  # files older than the index: never "racily clean"
@@ -400,8 +403,6 @@ def test_a_damaged_index_is_not_used(
 def test_a_first_snapshot_past_its_deadline_leaves_no_pack(
     tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent_rewind.snapshots import GitTimeout
-
     (ws / ".git").rename(tmp_path / "elsewhere.git")  # every file hashed into the pack
     written: list[str] = []
 
@@ -714,8 +715,6 @@ def test_an_on_read_that_fails_does_not_stop_the_take(
 def test_a_link_among_the_object_files_is_not_pinned_and_nothing_is_seeded(
     tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
 ) -> None:
-    from agent_rewind.snapshots import seed
-
     reference = first(tmp_path, ws, stores, "hashed", HashingStore)
     hashed.clear()
     fanout = ws / ".git" / "objects" / "ab"
@@ -732,3 +731,245 @@ def test_a_link_among_the_object_files_is_not_pinned_and_nothing_is_seeded(
     assert seed.pin(ws, into) == into
     files = [p for p in into.rglob("*") if not p.is_dir()]
     assert files and all(p.is_file() and not p.is_symlink() for p in files)
+
+
+# Git as the oracle at the edges: racy entries, stat data that lie, packs, bounds.
+
+
+def _ls_tree(store_repo: Path, tree: str) -> dict[str, tuple[str, str]]:
+    """`git ls-tree -r` of a snapshot's tree: path -> (mode, blob id)."""
+    env = {"PATH": os.environ["PATH"], "GIT_DIR": str(store_repo), "HOME": "/nonexistent"}
+    out = subprocess.run(["git", "ls-tree", "-r", tree], env=env, capture_output=True, check=True).stdout
+    rows = (line.split(b"\t", 1) for line in out.splitlines())
+    return {path.decode(): (meta.split()[0].decode(), meta.split()[2].decode()) for meta, path in rows}
+
+
+@pytest.mark.parametrize(
+    ("index_after_file_ns", "git_says_modified"),
+    [(0, True), (-1_000_000_000, True), (1_000_000_000, False)],
+    ids=["same-timestamp", "file-newer", "index-newer"],
+)
+def test_an_entry_is_trusted_only_when_git_would_not_compare_its_content(
+    index_after_file_ns: int,
+    git_says_modified: bool,
+    tmp_path: Path,
+    ws: Path,
+    stores: list[SnapshotStore],
+    hashed: list[str],
+) -> None:
+    """Racy git: README.md rewritten in place (the same size) and its entry given the file's
+    exact stat data, as when git added it within the same timestamp as the edit. An entry whose
+    mtime is not older than the index's is "racily clean": git compares the content and finds
+    it modified, and the seed hashes the file; only an index written later vouches for it."""
+    old = git(ws, "rev-parse", ":README.md").decode().strip()
+    (ws / "README.md").write_text("HELLO\n")
+    info = (ws / "README.md").lstat()
+    _forge(ws, "README.md", stat=gitindex.Stat.of(gitindex.MODE_FILE, info))
+    when = info.st_mtime_ns + index_after_file_ns
+    os.utime(ws / ".git/index", ns=(when, when))
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    modified = git(ws, "diff-files", "--name-only").decode().split()
+    assert modified == (["README.md"] if git_says_modified else [])
+    readme = _ls_tree(stores[0].repo, seeded)["README.md"]
+    if git_says_modified:
+        assert hashed == ["README.md"] and seeded == reference
+        assert readme == ("100644", git(ws, "hash-object", "README.md").decode().strip())
+    else:  # what `git status` would call clean: the entry's blob, as git would commit it
+        assert hashed == [] and readme == ("100644", old)
+
+
+@pytest.mark.parametrize("edit", ["other-size", "same-size"])
+def test_a_file_edited_with_its_mtime_put_back_is_hashed(
+    edit: str, tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    """An editor (or an agent) that restores the mtime after writing: the size or the ctime
+    still differ from the entry's. Git sees another size; of the same size, a git that keeps
+    ctime to the second (built without USE_NSEC, as this one) calls the file clean when it was added in the same
+    second, but the seed compares the nanoseconds too, and hashes it."""
+    path = ws / "src/d1/f1.py"
+    path.write_text("changed\n" if edit == "other-size" else path.read_text().upper())
+    os.utime(path, (PAST, PAST))
+    if edit == "other-size":
+        assert git(ws, "diff-files", "--name-only").decode().split() == ["src/d1/f1.py"]
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert hashed == ["src/d1/f1.py"]
+
+
+@pytest.mark.parametrize("version", [1, 5, 0xFFFFFFFF])
+def test_an_index_of_a_version_not_known_is_not_used(
+    version: int, tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    """An index a newer (or no) git wrote: its entries may not mean what version 2-4's do."""
+    index = ws / ".git/index"
+    body = bytearray(index.read_bytes()[:-20])
+    body[4:8] = version.to_bytes(4, "big")
+    index.write_bytes(bytes(body) + hashlib.sha1(bytes(body)).digest())
+    with pytest.raises(seed.NotSeedable):
+        read_index(ws)
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert len(hashed) == 16
+
+
+def test_an_index_whose_files_are_all_gone_seeds_nothing_and_copies_nothing(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tracked file deleted, untracked ones left: no entry names a file, no blob is copied."""
+    copied = _copies(monkeypatch)
+    for line in git(ws, "ls-files", "-z").split(b"\0"):
+        if line:
+            (ws / line.decode()).unlink()
+    write(ws / "notes.txt", "untracked\n")
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference
+    assert sorted(hashed) == ["debug.log", "notes.txt"] and copied == []
+    assert _ls_tree(stores[0].repo, seeded).keys() == {"debug.log", "notes.txt"}
+
+
+def _packed(ws: Path) -> None:
+    """The checkout's objects in a pack (as a clone has them), then one more commit (loose)."""
+    git(ws, "repack", "-a", "-d", "-q")
+    git(ws, "prune-packed")
+    write(ws / "later.py", "a later commit\n")
+    git(ws, "add", "later.py")
+    git(ws, "commit", "-qm", "later")
+    assert list((ws / ".git/objects/pack").glob("pack-*.pack"))
+
+
+def test_a_packed_checkout_is_seeded_from_its_pinned_pack(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cloned checkout keeps its blobs in packs: they are pinned with the loose objects, so
+    every file is seeded, though the agent removes its `.git` as its turn starts."""
+    _packed(ws)
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    hashed.clear()
+    copied = _copies(monkeypatch)
+    _, snapshot, read = _take_released(tmp_path, ws, stores, lambda: shutil.rmtree(ws / ".git"))
+    assert snapshot.complete and snapshot.how == "seeded" and snapshot.tree == reference, snapshot
+    assert hashed == [] and len(copied) == 1 and read[0] <= copied[0]
+
+
+def test_a_pack_that_is_a_link_elsewhere_is_never_read(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent links another repository's pack into its own and forges an entry naming a blob
+    of it (of its file's size, with its file's stat data): were the link followed, the snapshot
+    would record that blob, and a rewind write it into the workspace. The checkout is not used,
+    even where the objects cannot be pinned and git would read the workspace's own."""
+    victim = tmp_path / "victim"
+    write(victim / "secret", "token\n")  # the size of README.md
+    git(victim, "init", "-q")
+    git(victim, "add", "-A")
+    git(victim, "commit", "-qm", "secret")
+    git(victim, "repack", "-a", "-d", "-q")
+    secret = git(victim, "rev-parse", ":secret").decode().strip()
+    for part in (victim / ".git/objects/pack").iterdir():
+        (ws / ".git/objects/pack" / part.name).symlink_to(part)
+    _forge(ws, "README.md", oid=secret)
+    with pytest.raises(seed.NotSeedable, match=r"pack/pack-\w+\.\w+ is not a plain file"):
+        read_index(ws)
+    refused = OSError(errno.EXDEV, "Invalid cross-device link")
+    monkeypatch.setattr(os, "link", lambda *args, **kwargs: (_ for _ in ()).throw(refused))
+    seeded, reference = seeded_and_hashed(tmp_path, ws, stores)
+    assert seeded == reference and len(hashed) == 16
+    assert _ls_tree(stores[0].repo, seeded)["README.md"][1] != secret
+
+
+def test_a_pin_directory_that_cannot_be_made_means_copy_at_once(tmp_path: Path, ws: Path) -> None:
+    """`pin` answers None (the caller copies before the agent runs) when its directory cannot
+    be made (here its parent is missing; a full disk likewise), rather than failing the take."""
+    into = tmp_path / "missing" / "pinned"
+    assert seed.pin(ws, into) is None
+    assert not into.exists()
+
+
+def test_a_state_path_with_a_control_character_hashes_every_file(
+    tmp_path: Path, ws: Path, stores: list[SnapshotStore], hashed: list[str]
+) -> None:
+    """The pinned objects' path cannot be given to git as an alternate (a newline in it): no
+    blob is copied, every file vouched for is hashed, and the snapshot is still whole."""
+    store = SnapshotStore(tmp_path / "state\nnewline" / "seeded.git", ws)
+    stores.append(store)
+    snapshot = store.take()
+    assert len(hashed) == 16
+    reference = first(tmp_path, ws, stores, "hashed", HashingStore)
+    assert snapshot.complete and snapshot.tree == reference and snapshot.how != "seeded", snapshot
+
+
+def test_only_control_characters_keep_a_path_from_being_an_alternate() -> None:
+    """GIT_ALTERNATE_OBJECT_DIRECTORIES' C-quoting: the control characters (below a space, and
+    DEL) are refused; a space, `~`, `:`, a quote, a backslash and non-ASCII are quoted."""
+    for c in ("\x00", "\n", "\x1f", "\x7f"):
+        with pytest.raises(SnapshotError, match="control character"):
+            seed.quoted(f"/a{c}b")
+    assert seed.quoted('/a b~:"\\é') == '"/a b~:\\"\\\\é"'
+
+
+class _NoGit(Git):
+    def _argv(self, args):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"git {args[0]} ran")
+
+
+def test_copying_no_entries_copies_nothing_and_runs_no_git(tmp_path: Path) -> None:
+    """No file vouched for: an empty set of paths copied, and no git started for it."""
+    assert (
+        seed.copy(_NoGit(tmp_path / "store.git", tmp_path), tmp_path, {}, {}, time.monotonic() + 60) == set()
+    )
+
+
+def test_a_blob_copy_past_its_deadline_stops(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy's pack-objects and index-pack are given only what is left of the deadline: with
+    the clock past it (as after a slow hashing), a copy of 16 MiB is stopped, not waited on."""
+    big = os.urandom(16 << 20)
+    oid = _blob(ws, big)
+    store_git = Git(tmp_path / "state" / "deadline.git", ws)
+    store_git.init()
+    deadline = time.monotonic() + 600
+    monkeypatch.setattr(seed, "time", SimpleNamespace(monotonic=lambda: deadline + 1))
+    with pytest.raises(GitTimeout):
+        seed.copy_blobs(store_git, ws / ".git/objects", {oid: len(big)}, deadline)
+    assert list((store_git.repo / "objects" / "pack").glob("*.idx")) == []
+
+
+@pytest.mark.parametrize("count", [1, 40, 300])
+def test_the_ids_of_a_copied_pack_are_those_git_lists(count: int, tmp_path: Path, ws: Path) -> None:
+    """`pack_ids` read against `git show-index` of packs of one to hundreds of blobs."""
+    oids = {_blob(ws, f"blob {i}\n".encode()) for i in range(count)}
+    pack = git(ws, "pack-objects", "-q", str(tmp_path / "p"), stdin="".join(f"{o}\n" for o in oids).encode())
+    idx = tmp_path / f"p-{pack.decode().strip()}.idx"
+    listed = {line.split()[1] for line in git(ws, "show-index", stdin=idx.read_bytes()).decode().splitlines()}
+    assert listed == oids
+    assert seed.pack_ids(idx) == oids
+
+
+def test_an_index_at_the_size_bound_is_read_and_one_byte_over_is_not(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = (ws / ".git/index").stat().st_size
+    monkeypatch.setattr(seed, "MAX_INDEX_BYTES", size)
+    assert "README.md" in read_index(ws)[0]
+    monkeypatch.setattr(seed, "MAX_INDEX_BYTES", size - 1)
+    with pytest.raises(seed.NotSeedable, match="over"):
+        read_index(ws)
+
+
+def test_an_index_that_fails_to_read_is_logged_with_the_read_s_own_error(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error reading `.git/index` (a failing disk): nothing is seeded, and the log says
+    what failed rather than taking it for an index that is a directory."""
+    real = os.read
+
+    def failing(fd: int, n: int) -> bytes:
+        if os.fstat(fd).st_ino == (ws / ".git/index").stat().st_ino:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, n)
+
+    monkeypatch.setattr(os, "read", failing)
+    with capture_logs() as logs:
+        assert seed.trusted_files(ws, {"README.md": (ws / "README.md").lstat()}) == {}
+    assert [e["why"] for e in logs] == [str(OSError(errno.EIO, os.strerror(errno.EIO)))], logs
