@@ -89,7 +89,7 @@ _MODES = {
 _OID = re.compile(rb"\b[0-9a-f]{40}\b")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # gremlin: pardon[equivalent] never assigned/hashed; slots: memory only
 class Known:
     """A path of the first snapshot: its git mode, blob id, and the stat data to index it with."""
 
