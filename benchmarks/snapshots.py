@@ -32,7 +32,7 @@ same content. Five rows, each measured side by side in one run:
    against the same files without git (every file hashed, in parallel, into one pack),
    interleaved, side by side with row 1's first takes at 20,000 files. Two times per take:
    - "first git" / "first plain": until the take has read the workspace (`take`'s `on_read`),
-     which is what the session's first turn waits for (`sessions.snapshotting`): the lstat of
+     which is what the session's first turn waits for (`snapshots.taking`): the lstat of
      every file, the trust decision against the checkout's index, the hashing of the files it
      does not vouch for. The targets judge these.
    - "... complete": until `take()` returns, complete: the checkout's blobs copied and checked,

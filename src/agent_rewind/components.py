@@ -41,9 +41,9 @@ from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.policy import ToolPolicy
 from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
-from agent_rewind.sessions.snapshotting import Snapshots, snapshots_dir
 from agent_rewind.snapshots import Limits
 from agent_rewind.snapshots import git as snapshot_git
+from agent_rewind.snapshots.taking import Snapshots, snapshots_dir
 from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel

@@ -45,8 +45,8 @@ from agent_rewind.sandbox.proxy import EgressProxy
 from agent_rewind.sessions.live import LiveSlots, default_max_live
 from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
-from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import WorkerContext
+from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import EventRecord, Ledger
 from agent_rewind.testing.scripted_model import ScriptedModel
 from agent_rewind.webhooks import Subscription, Webhooks

@@ -22,8 +22,8 @@ from agent_rewind import tracing
 from agent_rewind.components import StartError, open_tracing
 from agent_rewind.config import Config
 from agent_rewind.errors import WorkspaceOutsideRoot
-from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.snapshots import Limits
+from agent_rewind.snapshots.taking import Snapshots
 
 
 @pytest.fixture(autouse=True)

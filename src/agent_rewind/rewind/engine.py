@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import faults, metrics, tasks, tracing
+from agent_rewind import faults, metrics, tasks, tracing, workspace_paths
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -51,11 +51,10 @@ from agent_rewind.rewind.outcome import (
 )
 from agent_rewind.rewind.side_effects import SideEffect
 from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
-from agent_rewind.sessions import workspaces
 from agent_rewind.sessions.events import FilesAnswer
-from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.snapshots import RestoreError, Snapshot
+from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -242,7 +241,7 @@ class RewindEngine:
         restore: workspace.Restore | None = None
         now: Snapshot | None = None
         looked: checkpoints.Files | None = None
-        intact = not req.mode.files or workspaces.intact(worker.record.cwd)
+        intact = not req.mode.files or workspace_paths.intact(worker.record.cwd)
         served = await self._from_snapshots(worker, point, req) if req.mode.files and intact else None
         if not intact:
             # The workspace (or a directory on the way) was replaced by a link: a restore would

@@ -30,9 +30,9 @@ from agent_rewind.errors import ExternalChanges, FilesUnavailable, StorageUnavai
 from agent_rewind.rewind import workspace
 from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data, recorded
-from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.snapshots import RestoreError, Snapshot
+from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_rewind.errors import ExternalChanges, SnapshotUnavailable
-from agent_rewind.sessions.snapshotting import REWIND_BEFORE, TURN_START
 from agent_rewind.snapshots import Snapshot, SnapshotStore
+from agent_rewind.snapshots.taking import REWIND_BEFORE, TURN_START
 from agent_rewind.store.ledger import SnapshotRecord
 
 REFUSE = "refuse"

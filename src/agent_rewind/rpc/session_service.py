@@ -9,6 +9,7 @@ from datetime import UTC
 import grpc
 from google.protobuf import empty_pb2
 
+from agent_rewind import workspace_paths
 from agent_rewind.access import Permission
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
 from agent_rewind.rewind.engine import RewindEngine, RewindRequest
@@ -17,7 +18,7 @@ from agent_rewind.rpc.auth import Authenticator, current, forwarded_by
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
-from agent_rewind.sessions import commands, workspaces
+from agent_rewind.sessions import commands
 from agent_rewind.sessions.events import RewoundEvent, TurnEvent
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry, page_key
 from agent_rewind.sessions.turns import Prelude
@@ -234,4 +235,4 @@ def _workspace_home() -> str | None:
     """Where the caller's workspaces lie in each root: a directory of its own, unless it is an
     admin (the only caller of a server without authentication is one)."""
     principal = current()
-    return None if principal.admin else workspaces.principal_dir(principal.name)
+    return None if principal.admin else workspace_paths.principal_dir(principal.name)

@@ -1,7 +1,7 @@
 """DeleteSession: the commit that makes a session a tombstone (`Deletions`), and what it then
 erases on disk: everything the Claude Code CLI keeps of a session under its config dir, its
 workspace snapshots, its own directories, and its workspace when the caller asks. (The ledger's
-rows are the store's to erase; the snapshot stores are `snapshotting.Snapshots.delete`.)
+rows are the store's to erase; the snapshot stores are `snapshots.taking.Snapshots.delete`.)
 
 What the CLI (2.1.x, run through the SDK) writes for a session under `$CLAUDE_CONFIG_DIR`, as
 found by running sessions through the service and listing the directory (docs/sessions.md):
@@ -49,7 +49,7 @@ from agent_rewind.config import Config
 from agent_rewind.errors import AgentRewindError, RequestIdReused, SessionNotFound, ShuttingDown
 from agent_rewind.replicas import Elsewhere, Owners
 from agent_rewind.sessions import requests
-from agent_rewind.sessions.snapshotting import Snapshots, repository, snapshots_dir
+from agent_rewind.snapshots.taking import Snapshots, repository, snapshots_dir
 from agent_rewind.store.ledger import (
     Erasure,
     EventRecord,

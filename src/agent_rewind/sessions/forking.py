@@ -33,9 +33,9 @@ import structlog
 from agent_rewind import tasks
 from agent_rewind.errors import FilesUnavailable, SnapshotUnavailable
 from agent_rewind.sessions.requests import NewSessionRequest
-from agent_rewind.sessions.snapshotting import Snapshots, repository
 from agent_rewind.snapshots import EMPTY_TREE, RestoreError, SnapshotStore
 from agent_rewind.snapshots.files import chunks, open_regular
+from agent_rewind.snapshots.taking import Snapshots, repository
 from agent_rewind.store.ledger import ForkOrigin, SnapshotRecord
 from agent_rewind.store.ledger import Sessions as StoredSessions
 from agent_rewind.transcript.paths import transcript_path

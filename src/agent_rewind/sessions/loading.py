@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from agent_rewind import workspace_paths
 from agent_rewind.sessions import options as session_options
-from agent_rewind.sessions import workspaces
 from agent_rewind.store.ledger import Erasure, SessionRecord, Sessions
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def servable(
 ) -> SessionRecord | None:
     """The stored session as it may be served: None when its workspace lies outside every root
     now; its options without those the allowlist refuses now (they are not passed to the CLI)."""
-    if not workspaces.stored_workspace_allowed(record.cwd, roots):
+    if not workspace_paths.stored_workspace_allowed(record.cwd, roots):
         log.error(
             "a stored session's workspace lies outside every workspace root; it is not served",
             session_id=record.session_id,

@@ -2,7 +2,7 @@
 
 What else is done to the sessions it holds lives beside it, and it delegates: DeleteSession to
 `erasure.Deletions`, ForkSession to `forking.Forks`, which stored sessions it serves to
-`loading`, where a workspace may be to `workspaces`, the request-id rule to `requests`.
+`loading`, where a workspace may be to `workspace_paths`, the request-id rule to `requests`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import logs
+from agent_rewind import logs, workspace_paths
 from agent_rewind.access import Principal
 from agent_rewind.config import Config
 from agent_rewind.errors import (
@@ -29,7 +29,7 @@ from agent_rewind.errors import (
     ShuttingDown,
 )
 from agent_rewind.replicas import Elsewhere, Owners
-from agent_rewind.sessions import loading, requests, workspaces
+from agent_rewind.sessions import loading, requests
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.erasure import Deletions
 from agent_rewind.sessions.forking import Forks
@@ -211,11 +211,13 @@ class SessionRegistry:
         return ordered[:size], len(ordered) > size
 
     def resolve_workspace(self, cwd: str, session_id: str, home: str | None = None) -> Path:
-        """The absolute workspace for `cwd` (sessions/workspaces.py): apart from every session's,
+        """The absolute workspace for `cwd` (workspace_paths.py): apart from every session's,
         a deleted one's included while its erasure runs."""
         taken = [Path(w.record.cwd) for w in self._workers.values()]
         taken.extend(self._deletions.erasing())
-        return workspaces.resolve(cwd, session_id, roots=self._config.workspace_roots, taken=taken, home=home)
+        return workspace_paths.resolve(
+            cwd, session_id, roots=self._config.workspace_roots, taken=taken, home=home
+        )
 
     async def create(self, req: NewSessionRequest, *, place: bool = False) -> SessionWorker:
         """A new session on this replica. `place`: it may go to another replica instead
@@ -247,10 +249,10 @@ class SessionRegistry:
             workspace = self.resolve_workspace(req.cwd, sid, req.workspace_home)
             if self._config.shared_storage:
                 # Every replica's sessions have their workspaces on this disk too.
-                workspaces.check_apart(workspace, [Path(r.cwd) for r in await self._ledger.sessions()])
+                workspace_paths.check_apart(workspace, [Path(r.cwd) for r in await self._ledger.sessions()])
             if req.fresh_workspace:
-                workspaces.require_fresh(workspace)
-            workspaces.make(workspace)
+                workspace_paths.require_fresh(workspace)
+            workspace_paths.make(workspace)
             new = NewSession(
                 session_id=sid,
                 cwd=str(workspace),

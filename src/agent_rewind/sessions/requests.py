@@ -52,7 +52,7 @@ class NewSessionRequest:
     request_id: str
     principal: str = ""
     # The directory the caller's workspaces lie under in each root (authentication on, not an
-    # admin: sessions/workspaces.py); None: anywhere under a root.
+    # admin: workspace_paths.py); None: anywhere under a root.
     workspace_home: str | None = None
     # A fork: the workspace must be new or empty (the fork writes into it), and where it came from.
     fresh_workspace: bool = False

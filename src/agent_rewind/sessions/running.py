@@ -27,8 +27,8 @@ from agent_rewind.errors import (
 from agent_rewind.sessions import requests
 from agent_rewind.sessions.adapter import AgentClient, AgentError
 from agent_rewind.sessions.events import PromptEvent, ResultEvent
-from agent_rewind.sessions.snapshotting import TURN_END, TURN_START
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
+from agent_rewind.snapshots.taking import TURN_END, TURN_START
 from agent_rewind.store.ledger import NewRequest, RequestIdTaken, dumps
 
 if TYPE_CHECKING:

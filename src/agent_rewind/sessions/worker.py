@@ -42,10 +42,10 @@ from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.points import SessionPoints
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
 from agent_rewind.sessions.running import TurnRunner
-from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.status import State, Status
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.sessions.view import TranscriptView
+from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import EgressRecord, Ledger, SessionRecord
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 # The longest project directory name the CLI uses as it is; a longer one it cuts and suffixes
 # with a hash of its own (not reproduced here), so the service refuses workspaces whose name
-# would be longer (sessions/workspaces.py): a session's transcript directory is then known
+# would be longer (workspace_paths.py): a session's transcript directory is then known
 # before its CLI starts, which its confinement needs (sandbox/cli.py).
 PROJECT_NAME_MAX = 200
 

@@ -22,9 +22,9 @@ from agent_rewind.rewind.engine import RewindEngine, RewindRequest
 from agent_rewind.rewind.outcome import Mode
 from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.sessions.events import ResultEvent
-from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots import Limits
+from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import EventRecord, NewSession, RewindRecord, SessionRecord
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.fake_agent import (

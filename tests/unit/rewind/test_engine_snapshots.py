@@ -16,8 +16,8 @@ from agent_rewind.errors import AgentRewindError, FilesUnavailable, StorageUnava
 from agent_rewind.metrics import REGISTRY
 from agent_rewind.rewind.outcome import FilesHalf, Mode
 from agent_rewind.rewind.workspace import OVERWRITE, SKIP
-from agent_rewind.sessions.snapshotting import REWIND_AFTER, REWIND_BEFORE, TURN_END, TURN_START
 from agent_rewind.snapshots import Limits, files
+from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, TURN_END, TURN_START
 from tests.unit.rewind.fakes import MakeSetup, Setup, within
 
 P0 = {"a.txt": "v0\n"}

@@ -21,10 +21,10 @@ from agent_rewind.errors import SnapshotUnavailable
 from agent_rewind.sessions import forking
 from agent_rewind.sessions.adapter import AgentError
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry
-from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots import Limits
 from agent_rewind.snapshots.files import open_regular
+from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import SnapshotRecord
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.fake_agent import FakeClient, FakeFactory, append, prompt_entry, reply_entry

@@ -40,10 +40,10 @@ from agent_rewind.sessions.events import (
     TurnEvent,
 )
 from agent_rewind.sessions.live import LiveSlots
-from agent_rewind.sessions.snapshotting import Snapshots
 from agent_rewind.sessions.turns import Turn
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
 from agent_rewind.snapshots import Limits
+from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRequest, NewRewind, NewSession, RequestRecord
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.fake_agent import FakeClient, FakeFactory

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rewind.sessions import snapshotting
-from agent_rewind.sessions.snapshotting import TURN_END, TURN_START, Snapshots
-from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore
+from agent_rewind.snapshots import Limits, Snapshot, SnapshotStore, taking
+from agent_rewind.snapshots.taking import TURN_END, TURN_START, Snapshots
 from agent_rewind.store.ledger import NewSession
 from agent_rewind.store.sqlite import SqliteLedger
 
@@ -74,7 +73,7 @@ async def test_retention_prunes_old_points_and_collects_their_objects(
     snaps: tuple[Snapshots, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s, ws = snaps
-    monkeypatch.setattr(snapshotting, "COLLECT_AFTER", 1)
+    monkeypatch.setattr(taking, "COLLECT_AFTER", 1)
     for i in range(4):
         await _turn(s, ws, f"p{i}", {f"f{i}.txt": f"unique content {i}"})
     first_tree = (await s.records(SID))[1].tree  # p0's end: holds f0.txt only
@@ -109,7 +108,7 @@ async def _watching(s: Snapshots, where: Path, sessions: list[str], expected: li
 async def test_past_the_bound_of_watched_stores_the_least_recently_snapshotted_stops_watching(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(snapshotting, "MAX_WATCHED", 2)
+    monkeypatch.setattr(taking, "MAX_WATCHED", 2)
     ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
     s = Snapshots(tmp_path / "snapshots", ledger, Limits(), watch=True)
     try:
@@ -172,7 +171,7 @@ async def slow(
     (workspace / "a.txt").write_text("before the turn\n")
     await ledger.add_session(NewSession(SID, str(workspace), {}, checkpointing=True))
     held = _Held(monkeypatch)
-    monkeypatch.setattr(snapshotting, "BACKGROUND_TIMES", 2000)  # in the background: 100 s to end
+    monkeypatch.setattr(taking, "BACKGROUND_TIMES", 2000)  # in the background: 100 s to end
     found = Snapshots(tmp_path / "snapshots", ledger, Limits(timeout_s=0.05), watch=True)
     try:
         yield found, workspace, held
@@ -207,7 +206,7 @@ async def test_a_first_snapshot_the_workspace_changed_under_is_recorded_incomple
     held.release.set()
     await s.settled(SID)
     [record] = await s.records(SID)
-    assert not record.complete and record.reason == snapshotting.CHANGED_MEANWHILE
+    assert not record.complete and record.reason == taking.CHANGED_MEANWHILE
     assert await s.availability(SID) == {"p1": False}
 
 
