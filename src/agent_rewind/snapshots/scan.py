@@ -3,8 +3,9 @@
 A path is recorded when it is a regular file or a symlink within the size bound, under real
 directories only (never behind a symlink); a FIFO, socket or device is not recorded at all; a name
 git refuses, or a file over the bound, makes the snapshot incomplete. Nested repositories are
-listed here file by file, as git would add them were their `.git` not there. Nothing here hashes
-or writes: `SnapshotStore` applies the plan to its index.
+listed here file by file, as git would add them were their `.git` not there. Git's own scan of
+the workspace (`scan_workspace`) and its ignore rules (`ignored`) are asked here too. Nothing here
+hashes or writes: `SnapshotStore` applies the plan to its index.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISLNK, S_ISREG
@@ -174,6 +175,39 @@ def nested_files(git: Git, workspace: Path, directories: list[str], deadline: fl
     )  # fmt: skip
     ignored = {p.removeprefix(":/:") for p in listed_paths(out)}
     return [p for p in found if p not in ignored]
+
+
+def scan_workspace(git: Git, deadline: float, paths: Iterable[str] | None = None) -> tuple[bytes, bytes]:
+    """The tracked paths whose stat data changed, and the untracked ones (not ignored): of
+    the whole workspace, or of `paths` (a directory stands for everything below it)."""
+    if paths is None:
+        spec: tuple[str, ...] = ()
+        preload: tuple[str, ...] = ()
+    else:
+        spec = ("--", *sorted(paths))
+        preload = ("-c", "core.preloadIndex=false")  # its threads would stat every file
+    changed, others = git.run_parallel(
+        [
+            (*preload, "diff-files", "--name-only", "-z", *spec),
+            ("ls-files", "-z", "--others", "--exclude-standard", *spec),
+        ],
+        deadline,
+    )
+    return changed, others
+
+
+def ignored(reader: Git, paths: list[str], deadline: float) -> set[str]:
+    """Which of the untracked `paths` the workspace's ignore rules exclude (`reader`: a git that
+    reads no index)."""
+    if not paths:
+        return set()
+    # `:/:` turns off pathspec magic in a name; check-ignore refuses the literal flag.
+    out = reader.run(
+        "check-ignore", "--no-index", "-z", "--stdin",
+        stdin=b"".join(b":/:" + os.fsencode(p) + b"\0" for p in paths),
+        deadline=deadline, ok=(0, 1), literal=False,
+    )  # fmt: skip
+    return {p.removeprefix(":/:") for p in listed_paths(out)}
 
 
 def refused_by_git(path: str, is_link: bool) -> str:

@@ -8,8 +8,10 @@ Git runs sealed (`snapshots.git`): nothing in the workspace can configure it or 
 anything. The API is synchronous; callers run it in a thread, one call at a time per store.
 
 `SnapshotStore` holds the index, the watch and the lock, and takes snapshots; what a take records
-of the paths it is told changed is decided in `scan`, comparing two trees is `compare`, writing a
-restore (and rolling it back) is `restore`.
+of the paths it is told changed is decided in `scan`, a take of just the paths the watch saw
+change is `watched`, comparing two trees is `compare`, reading and making trees is `trees`,
+writing a restore (and rolling it back) is `restore`, collecting what is no longer kept is
+`keeping`.
 
 What a snapshot holds: every regular file and symlink git would add with `git add -A` (the
 workspace's `.gitignore` files are honoured; a file once recorded stays recorded until deleted,
@@ -39,42 +41,42 @@ import contextlib
 import os
 import secrets
 import shutil
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
-from agent_rewind.snapshots import compare, gitindex
+from agent_rewind.snapshots import compare, gitindex, keeping, trees
 from agent_rewind.snapshots.bulk import hash_files
 from agent_rewind.snapshots.compare import DEFAULT_DIFF_BYTES, Change, ChangeKind, FileDiff, tree_id
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, RestoreError, SnapshotError, UnsafePath
-from agent_rewind.snapshots.files import Entry, Workspace, split
+from agent_rewind.snapshots.files import Workspace, split
 from agent_rewind.snapshots.git import Git
 from agent_rewind.snapshots.gitindex import IndexEntry, Stat
-from agent_rewind.snapshots.objects import MODE_TREE, Objects
+from agent_rewind.snapshots.keeping import KEEP_REF, directory_bytes
+from agent_rewind.snapshots.objects import Objects
 from agent_rewind.snapshots.packs import PackWriter, write_trees
 from agent_rewind.snapshots.restore import restore_paths
 from agent_rewind.snapshots.scan import (
     Plan,
-    capturable,
     gc_paused,
+    ignored,
     index_plan,
     listed_paths,
     nested_files,
     nul_joined,
-    real_dir,
-    unrecordable,
+    scan_workspace,
 )
 from agent_rewind.snapshots.seed import Known, NotSeedable, copy, known, pin, read_index, trusted_files
 from agent_rewind.snapshots.watch import Unwatchable, Watch
+from agent_rewind.snapshots.watched import sync_index, take_known
 
-# Defined with the comparisons, and importable from here as before.
+# Defined with the comparisons and the keeping, and importable from here as before.
 __all__ = [
     "DEFAULT_DIFF_BYTES",
     "KEEP_REF",
@@ -87,7 +89,6 @@ __all__ = [
     "directory_bytes",
 ]
 
-KEEP_REF = "refs/agent-rewind/keep"
 # The store's directory a first take pins the workspace's object files in (`seed.pin`), until
 # their blobs are copied; one a killed take left is removed by the next first take.
 _PINNED = "seed-objects"
@@ -145,10 +146,10 @@ class SnapshotStore:
         # which the next scan rebuilds, never stops them; and they never wait on its lock.
         self._reader = self._git.with_index(repo / "no-index")
         self._objects = Objects(repo, self._reader)  # for the take of a few paths, and capture
-        # Paths a take recorded without git (`_take_known`) since the index was last brought up
-        # to date: the index still holds what they were until `_sync_index`.
+        # Paths a take recorded without git (`watched.take_known`) since the index was last
+        # brought up to date: the index still holds what they were until `_sync_index`.
         self._unsynced: set[str] = set()
-        self._written: str | None = None  # the tree `_take_known` wrote last
+        self._written: str | None = None  # the tree `take_known` wrote last
         self._how = ""  # how the current take goes (Snapshot.how)
         self._watch: Watch | None = Watch(workspace) if watch else None
         # A first take reads the workspace's own git index while git lists the workspace.
@@ -251,7 +252,17 @@ class SnapshotStore:
                 self._how = "unchanged"
                 return last, []  # nothing changed since the last snapshot
             try:
-                known = self._take_known(last, paths, deadline)
+                bounds = self.limits
+                known = take_known(
+                    self._objects,
+                    self._reader,
+                    self.workspace,
+                    last,
+                    paths,
+                    deadline,
+                    max_file_bytes=bounds.max_file_bytes,
+                    max_total_bytes=bounds.max_total_bytes,
+                )
             finally:
                 self._objects.close()
             if known is not None:
@@ -263,7 +274,7 @@ class SnapshotStore:
         self._how = "scan" if paths is None else "paths"
         try:
             self._sync_index(deadline)
-            changed, others = self._scan(deadline, paths)
+            changed, others = scan_workspace(self._git, deadline, paths)
         except GitFailed:
             if not self.workspace.is_dir():
                 raise
@@ -273,111 +284,16 @@ class SnapshotStore:
             self._unsynced.clear()
             self._how = "scan"
             fresh = True
-            changed, others = self._scan(deadline)
+            changed, others = scan_workspace(self._git, deadline)
         return self._record(changed, others, deadline, fresh)
 
     def _sync_index(self, deadline: float | None) -> None:
-        """Gives the index the entries `_take_known` recorded without it (from the tree it wrote
-        last), before git scans: a file recorded once stays recorded, ignored or not, as in git.
-        Without stat data, git hashes those files again when it next looks at them."""
+        """Gives the index the entries `take_known` recorded without it (`watched.sync_index`)."""
         if not self._unsynced:
             return
         assert self._written is not None
-        lines = []
-        for path in sorted(self._unsynced):
-            entry = self._objects.lookup(self._written, path) if capturable(path) else None
-            if entry is None or entry[0] == MODE_TREE:
-                lines.append(b"0 " + b"0" * 40 + b"\t" + os.fsencode(path) + b"\0")
-            else:
-                lines.append(f"{entry[0]} {entry[1]}\t".encode() + os.fsencode(path) + b"\0")
-        try:
-            self._git.run(
-                "update-index", "-z", "--replace", "--index-info", stdin=b"".join(lines), deadline=deadline
-            )
-        finally:
-            self._objects.close()
+        sync_index(self._git, self._objects, self._written, self._unsynced, deadline)
         self._unsynced.clear()
-
-    def _take_known(self, last: str, paths: set[str], deadline: float) -> tuple[str | None, list[str]] | None:
-        """The snapshot `last` with `paths` (all that changed since, as the watch saw it) as they
-        are now, written without git: the blobs and the trees on the way to them are hashed here
-        (`Objects.edit`), and only a new file asks git whether it is ignored (`check-ignore`, which
-        reads no index). None when git must do it: a directory was made or removed.
-
-        The same rules as a scan: a path behind a symlink, missing, or neither a file nor a
-        symlink is not recorded; a name git refuses, or a file over the size bound, makes the
-        snapshot incomplete; over the total bound nothing is written. The index is left as it
-        was: the caller remembers the paths, for `_sync_index` before git next reads it."""
-        objects = self._objects
-        changes: dict[str, tuple[str, str] | None] = {}
-        write: list[tuple[str, bool]] = []  # (path, tracked), to hash once the bounds are checked
-        problems: list[str] = []
-        total = 0
-        real_dirs: dict[str, bool] = {"": True}
-        for path in sorted(paths):
-            if time.monotonic() > deadline:
-                raise GitTimeout("the deadline passed while reading the changed files")
-            if not capturable(path):
-                continue  # in a .git directory: git never records it
-            old = objects.lookup(last, path)
-            if old is not None and old[0] == MODE_TREE:
-                return None
-            gone = old is not None  # what the snapshot records for a path it must not hold
-            if not real_dir(self.workspace, path.rpartition("/")[0], real_dirs):
-                if gone:
-                    changes[path] = None
-                continue
-            try:
-                info = os.lstat(self.workspace / path)
-            except (FileNotFoundError, NotADirectoryError):
-                if gone:
-                    changes[path] = None
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                return None
-            problem = unrecordable(path, info, self.limits.max_file_bytes)
-            if problem is None:
-                write.append((path, old is not None))
-                total += info.st_size
-                continue
-            if problem:
-                problems.append(problem)
-            if gone:
-                changes[path] = None
-        if total > self.limits.max_total_bytes:
-            return None, [f"total over {self.limits.max_total_bytes} bytes: {total} bytes changed", *problems]
-        ignored = self._ignored([path for path, tracked in write if not tracked], deadline)
-        with Workspace(self.workspace) as files:
-            for path, tracked in write:
-                if path in ignored:
-                    continue
-                try:
-                    found = files.content(path, self.limits.max_file_bytes)
-                except OSError as err:  # grew past the bound since its lstat, or unreadable
-                    problems.append(f"{path}: {err.strerror or err}")
-                    found = None
-                if found is None:
-                    if tracked:
-                        changes[path] = None
-                    continue
-                mode, data = found
-                changes[path] = (mode, objects.write(b"blob", data))
-        try:
-            return objects.edit(last, changes), problems
-        except SnapshotError:
-            return None  # a file became a directory's parent meanwhile: let git write it
-
-    def _ignored(self, paths: list[str], deadline: float) -> set[str]:
-        """Which of the untracked `paths` the workspace's ignore rules exclude."""
-        if not paths:
-            return set()
-        # `:/:` turns off pathspec magic in a name; check-ignore refuses the literal flag.
-        out = self._reader.run(
-            "check-ignore", "--no-index", "-z", "--stdin",
-            stdin=b"".join(b":/:" + os.fsencode(p) + b"\0" for p in paths),
-            deadline=deadline, ok=(0, 1), literal=False,
-        )  # fmt: skip
-        return {p.removeprefix(":/:") for p in listed_paths(out)}
 
     def _changed(self, last: str | None, deadline: float) -> set[str] | None:
         """What the watch saw change since the snapshot whose tree is `last`, or None to scan
@@ -394,9 +310,9 @@ class SnapshotStore:
         listed = self._git.run(
             "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory", deadline=deadline
         )
-        ignored = self._ignored([p for p in listed_paths(listed) if p.endswith("/")], deadline)
+        excluded = ignored(self._reader, [p for p in listed_paths(listed) if p.endswith("/")], deadline)
         try:
-            self._watch.start(ignored)
+            self._watch.start(excluded)
         except Unwatchable as err:
             log.warning(
                 "workspace cannot be watched; its snapshots scan it",
@@ -537,24 +453,6 @@ class SnapshotStore:
                 )
         return hashed, problems
 
-    def _scan(self, deadline: float, paths: Iterable[str] | None = None) -> tuple[bytes, bytes]:
-        """The tracked paths whose stat data changed, and the untracked ones (not ignored): of
-        the whole workspace, or of `paths` (a directory stands for everything below it)."""
-        if paths is None:
-            spec: tuple[str, ...] = ()
-            preload: tuple[str, ...] = ()
-        else:
-            spec = ("--", *sorted(paths))
-            preload = ("-c", "core.preloadIndex=false")  # its threads would stat every file
-        changed, others = self._git.run_parallel(
-            [
-                (*preload, "diff-files", "--name-only", "-z", *spec),
-                ("ls-files", "-z", "--others", "--exclude-standard", *spec),
-            ],
-            deadline,
-        )
-        return changed, others
-
     # Reading
 
     def changes(self, a: str, b: str) -> list[Change]:
@@ -568,33 +466,8 @@ class SnapshotStore:
         blobs and trees are hashed here and written as loose objects, as git writes them. Ignore
         rules do not apply (every path named is kept); a file over `max_file_bytes` raises."""
         with self._lock:
-            return self._capture(paths)
-
-    def _capture(self, paths: Iterable[str]) -> str:
-        self._git.init()
-        tree: dict[str, Any] = {}
-        with Workspace(self.workspace) as files:
-            for path in sorted({p for p in paths if capturable(p)}):
-                found = files.content(path, self.limits.max_file_bytes)
-                if found is None:
-                    continue
-                mode, data = found
-                *dirs, name = path.split("/")
-                node = tree
-                for part in dirs:
-                    child = node.setdefault(part, {})
-                    if not isinstance(child, dict):  # a file where a directory is: keep the file
-                        break
-                    node = child
-                else:
-                    node[name] = (mode, self._objects.write(b"blob", data))
-        return self._write_tree(tree)
-
-    def _write_tree(self, node: dict[str, Any]) -> str:
-        entries: dict[str, tuple[str, str]] = {}
-        for name, value in node.items():
-            entries[name] = (MODE_TREE, self._write_tree(value)) if isinstance(value, dict) else value
-        return self._objects.write_tree(entries)
+            self._git.init()
+            return trees.capture(self._objects, self.workspace, paths, self.limits.max_file_bytes)
 
     def overlay(self, base: str, source: str, paths: Iterable[str]) -> str:
         """The tree `base` with each of `paths` as it is in `source` (a path absent there is
@@ -604,9 +477,7 @@ class SnapshotStore:
         if not wanted:
             return tree_id(base)
         with self._lock, self._objects:
-            entries = self._entries_at(source, wanted)
-            changes = {p: (entries[p].mode, entries[p].oid) if p in entries else None for p in wanted}
-            return self._objects.edit(tree_id(base), changes)
+            return trees.overlay(self._objects, base, source, wanted)
 
     def changes_many(self, pairs: Sequence[tuple[str, str]]) -> list[list[Change]]:
         """`changes(a, b)` for every pair, in one git process (a rewind compares every interval
@@ -615,7 +486,7 @@ class SnapshotStore:
 
     def files(self, tree: str) -> list[str]:
         """Every path tree `tree` holds (to restore all of it, e.g. into a forked workspace)."""
-        return sorted(self._entries(tree))
+        return sorted(trees.entries(self._reader, tree))
 
     def diff(
         self, a: str, b: str, paths: Iterable[str] | None = None, max_bytes: int = DEFAULT_DIFF_BYTES
@@ -628,27 +499,6 @@ class SnapshotStore:
         """Lines inserted and deleted from tree `a` to tree `b` in `paths` (all when None);
         binary files count none."""
         return compare.numstat(self._reader, a, b, paths)
-
-    def _entries_at(self, tree: str, paths: Iterable[str]) -> dict[str, Entry]:
-        """What `tree` holds at each of `paths` that is a file or a symlink there, read without
-        git while its trees are loose (the store's own, until a collection packs them)."""
-        root = tree_id(tree)
-        found: dict[str, Entry] = {}
-        for path in paths:
-            entry = self._objects.lookup(root, path)
-            if entry is not None and entry[0] != MODE_TREE:
-                found[path] = Entry(*entry)
-        return found
-
-    def _entries(self, tree: str) -> dict[str, Entry]:
-        out = self._reader.run("ls-tree", "-r", "-z", "--full-tree", tree_id(tree))
-        entries: dict[str, Entry] = {}
-        for record in out.split(b"\0"):
-            if record:
-                meta, _, path = record.partition(b"\t")
-                mode, _kind, oid = meta.split()
-                entries[os.fsdecode(path)] = Entry(mode.decode(), oid.decode())
-        return entries
 
     # Restoring
 
@@ -670,8 +520,8 @@ class SnapshotStore:
         except UnsafePath as err:
             raise RestoreError(f"nothing was changed: {err}", rolled_back=True) from err
         with self._lock, self._objects as blobs, opened as workspace:
-            want = self._entries_at(tree, targets)
-            before = self._entries_at(rollback, targets)
+            want = trees.entries_at(blobs, tree, targets)
+            before = trees.entries_at(blobs, rollback, targets)
             restore_paths(workspace, blobs, targets, want=want, before=before)
 
     # Keeping
@@ -688,14 +538,7 @@ class SnapshotStore:
     def _keep_only(self, oids: list[str]) -> None:
         self._git.clear_stale_locks()
         self._sync_index(None)  # what the index holds is kept: let it hold the newest entries
-        if oids:
-            listing = b"".join(f"040000 tree {oid}\t{oid}\0".encode() for oid in oids)
-            keep = self._git.run("mktree", "-z", stdin=listing).decode().strip()
-            self._git.run("update-ref", KEEP_REF, keep)
-        else:
-            self._git.run("update-ref", "-d", KEEP_REF)
-        self._git.run("repack", "-a", "-d", "-q")
-        self._git.run("prune", "--expire=now")
+        keeping.keep_only(self._git, oids)
 
     def disk_bytes(self) -> int:
         """Bytes the repository's files take (their sizes, not the blocks they occupy)."""
@@ -703,10 +546,7 @@ class SnapshotStore:
 
     def delete(self) -> None:
         """Removes the repository and every snapshot in it."""
-        if self.repo.is_symlink():
-            raise SnapshotError(f"{self.repo} is a symbolic link; not deleting through it")
-        if self.repo.exists():
-            shutil.rmtree(self.repo)
+        keeping.delete(self.repo)
 
 
 def _background(work: Callable[[Path], T], arg: Path) -> Future[T]:
@@ -732,15 +572,3 @@ def _same_stat(a: Stat, b: Stat) -> bool:
 def _summary(problems: Sequence[str], shown: int = 3) -> str:
     more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
     return "; ".join(problems[:shown]) + more
-
-
-def directory_bytes(path: Path) -> int:
-    """Bytes the files under `path` take (their sizes, not the blocks they occupy); 0 if none."""
-    total = 0
-    for directory, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
