@@ -61,7 +61,7 @@ PROGRAMS = "bin"
 _OWN = ("tmp", "run", "config", "home")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class ConfinedCli:
     """What a session's CLI is started with: the program the SDK runs as the CLI, and the
     environment it adds."""
@@ -87,7 +87,7 @@ def _around(tree: Path, hidden: Sequence[Path]) -> list[Path]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class CliConfinement:
     """Writes each session's confined CLI under `root` (the state dir's `sessions/`); one per server."""
 
@@ -209,14 +209,11 @@ class CliConfinement:
 
 def _link(link: Path, target: Path) -> None:
     """`link` made a symlink to `target`, in the session's config dir, which the CLI may write:
-    whatever it put there instead (another link, a file, a directory of its own) is moved aside,
-    so the CLI writes its transcript and backups where the service reads them again."""
-    target.mkdir(parents=True, exist_ok=True)
+    whatever it put there instead (another link, a file, a directory of its own) is moved aside
+    (kept, for whoever wants to see what it did), so the CLI writes its transcript and backups where the service reads them again."""
     if link.is_symlink() and os.readlink(link) == str(target):
         return
-    if link.is_symlink() or link.is_file():
-        link.unlink()
-    elif link.exists():
+    if os.path.lexists(link):
         link.rename(link.with_name(f"{link.name}.replaced-{os.urandom(4).hex()}"))
     link.symlink_to(target)
 

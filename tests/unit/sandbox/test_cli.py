@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,14 +51,14 @@ def _confined(host: dict[str, Path], *, door: bool = False) -> tuple[CliConfinem
     return cli, base / PROGRAMS / "cli.rules"
 
 
-def _run(rules: Path, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+def _run(rules: Path, *argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-I", "-S", launcher.__file__, "cli", str(rules), "--", *argv],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
@@ -191,6 +192,51 @@ def test_the_probe_passes_here(host: dict[str, Path]) -> None:
     cli.probe(host["mine"], host["theirs"] / "secret.txt")
     with pytest.raises(SandboxUnavailable):
         cli.probe(host["mine"], host["mine"] / "own.txt")  # readable: the probe says it is not confined
+
+
+def test_a_probe_that_fails_names_what_the_launcher_said(host: dict[str, Path]) -> None:
+    """The last line the confined program wrote, as text, in the refusal an operator reads."""
+    cli, _ = _confined(host)
+    broken = dataclasses.replace(cli, python="/bin/sh")  # no Python: sh refuses `-I`
+    with pytest.raises(SandboxUnavailable) as refused:
+        broken.probe(host["mine"], host["theirs"] / "secret.txt")
+    message = str(refused.value)
+    assert "Illegal option -" in message and "b'" not in message, message
+
+
+def test_a_first_session_makes_the_shared_config_dir_its_links_lead_to(host: dict[str, Path]) -> None:
+    """A fresh state dir: the shared config dir does not exist before the first session's CLI."""
+    fresh = host["state"] / "fresh" / "claude"
+    root = host["state"] / "sessions"
+    cli = CliConfinement.find(root, fresh, Path("/bin/true"), hidden=[host["state"]])
+    base = root / "s1"
+    cli.prepare(
+        "s1", host["mine"], private_directories(base), transcript_dir=fresh / "projects" / "m", base=base
+    )
+    for name in ("projects", "file-history"):
+        assert (base / "config" / name).resolve() == (fresh / name).resolve()
+        assert (fresh / name).is_dir()
+
+
+def test_a_directory_the_service_cannot_list_is_left_out_of_a_grant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As /etc/ssl/private is to the image's user: granted around, not a failed start."""
+    from agent_rewind.sandbox.cli import _around
+
+    tree = tmp_path / "tree"
+    for name in ("open/a", "closed/secret", "closed/key"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(name)
+    listed = Path.iterdir
+
+    def iterdir(path: Path) -> Any:
+        if path == tree / "closed":
+            raise PermissionError(13, "Permission denied", str(path))
+        return listed(path)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    assert sorted(_around(tree, [tree / "closed" / "key"])) == [tree / "open"]
 
 
 def test_the_door_serves_only_the_cli_s_own_processes(host: dict[str, Path]) -> None:
