@@ -63,9 +63,13 @@ async def main() -> None:
                 caller = _room(caller_frame) if caller_frame is not None else None
                 if callee is None:
                     return
-                if callee == "agent_rewind.rewind" and frame.f_code.co_filename.endswith("engine.py"):
-                    if caller_frame is None or not caller_frame.f_code.co_filename.endswith("engine.py"):
-                        entries["engine"] += 1
+                into_engine = callee == "agent_rewind.rewind" and frame.f_code.co_filename.endswith(
+                    "engine.py"
+                )
+                if into_engine and (
+                    caller_frame is None or not caller_frame.f_code.co_filename.endswith("engine.py")
+                ):
+                    entries["engine"] += 1
                 if caller_frame is not None and caller is not None and caller != callee:
                     crossings[
                         (
