@@ -84,7 +84,7 @@ async def main() -> None:
                 await c.rewind(sid, ids[1], BOTH)
             finally:
                 sys.setprofile(None)
-                threading.setprofile(None)  # type: ignore[arg-type]
+                threading.setprofile(None)
     total = sum(crossings.values())
     print(
         f"one Rewind (BOTH): {total} calls between rewind/ and sessions/; rewind/engine.py entered {entries['engine']} times"
