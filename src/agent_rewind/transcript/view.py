@@ -11,14 +11,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, parse_timestamp
 from agent_rewind.transcript.records import Entry, Records
 
-if TYPE_CHECKING:
-    from agent_rewind.transcript.index import TranscriptIndex
+
+class Source(Protocol):
+    """What a view reads of the transcript it was made from (`index.TranscriptIndex` is one):
+    its file, and which subagent a message belongs to."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def subagent_of(self, message_id: str, entry: Entry | None) -> str | None: ...
+
+    def spawn_call(self, agent: str) -> tuple[str | None, str | None]: ...
 
 _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _MAX_AGENT_NESTING = 16
@@ -113,7 +122,7 @@ class ConversationView:
 
     def __init__(
         self,
-        index: TranscriptIndex,
+        index: Source,
         store: Records,
         chain: Chain,
         n: int,
