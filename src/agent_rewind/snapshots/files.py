@@ -171,20 +171,20 @@ class Workspace:
         a link and without blocking (a FIFO or a device is never opened); None when there is no
         regular file there."""
         parts = split(path)
-        fd = -1
+        found = None
         try:
             with self._directory(parts[:-1]) as parent:
-                fd = open_regular(parts[-1], parent)
+                found = open_regular_file(parts[-1], parent)
         except OSError as err:
             if err.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 raise
-        if fd < 0:
+        if found is None:
             yield None
             return
         try:
-            yield fd, os.fstat(fd)
+            yield found
         finally:
-            os.close(fd)
+            os.close(found[0])
 
     def write(self, path: str, mode: str, chunks: Iterable[bytes]) -> None:
         """Makes `path` a file (or, for MODE_SYMLINK, a symlink whose target is the bytes) with
@@ -250,13 +250,11 @@ def _entry(parent: int, name: str) -> Entry | None:
     if stat.S_ISLNK(info.st_mode):
         target = os.readlink(os.fsencode(name), dir_fd=parent)
         return Entry(MODE_SYMLINK, blob_oid(len(target), [target]))
-    if not stat.S_ISREG(info.st_mode):
+    found = open_regular_file(name, parent, info)
+    if found is None:
         return None
-    fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    fd, opened = found
     try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):  # swapped since the stat
-            return None
         executable = bool(opened.st_mode & stat.S_IXUSR)
         return Entry(MODE_EXECUTABLE if executable else MODE_FILE, blob_oid(opened.st_size, chunks(fd)))
     finally:
@@ -270,13 +268,11 @@ def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | N
     info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     if stat.S_ISLNK(info.st_mode):
         return info, os.readlink(os.fsencode(name), dir_fd=parent)
-    if not stat.S_ISREG(info.st_mode):
+    found = open_regular_file(name, parent, info)
+    if found is None:
         return None
-    fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    fd, opened = found
     try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):  # swapped since the stat
-            return None
         if opened.st_size > limit:
             raise OSError(errno.EFBIG, f"over {limit} bytes", name)
         data = os.read(fd, opened.st_size + 1)
@@ -293,18 +289,42 @@ def read(parent: int, name: str, limit: int) -> tuple[os.stat_result, bytes] | N
         os.close(fd)
 
 
-def open_regular(name: str | Path, parent: int | None = None) -> int:
-    """A descriptor of the regular file `name` (relative to `parent`, or a path), opened without
-    following a link and without blocking; -1 when it is something else (a link, a FIFO, a
-    socket, a device, a directory). Whatever it is, nothing waits on it and nothing of it is read."""
-    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+def open_regular_file(
+    name: str | Path, parent: int | None = None, info: os.stat_result | None = None
+) -> tuple[int, os.stat_result] | None:
+    """A descriptor of the regular file `name` (relative to `parent`, or a path) and its stat
+    data, opened without following a link and without blocking; None when it is something else
+    (a FIFO, a socket, a device, a directory, or a link: a link swapped in since the look raises
+    ELOOP). Whatever it is, nothing waits on it and nothing of it is read. The caller closes the
+    descriptor. `info`: the lstat of `name` the caller has just made, not made again.
+
+    The files a snapshot hashes, a restore compares, a rewind's fixes read and a fork copies are
+    all opened here (`open_regular` too): the one place where a followed link would let the
+    agent's workspace reach past it, and a FIFO's or a device's open stall the server or do
+    something."""
+    if info is None:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     if not stat.S_ISREG(info.st_mode):
-        return -1  # a FIFO or a device is never even opened: opening one can do something
+        return None  # a FIFO or a device is never even opened: opening one can do something
     fd = os.open(name, _READ_FLAGS, dir_fd=parent)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+    try:
+        opened = os.fstat(fd)
+    except BaseException:
         os.close(fd)
-        return -1
-    return fd
+        raise
+    if not stat.S_ISREG(opened.st_mode):  # swapped since the stat
+        os.close(fd)
+        return None
+    return fd, opened
+
+
+def open_regular(name: str | Path, parent: int | None = None) -> int:
+    """A descriptor of the regular file `name` (relative to `parent`, or a path), opened by
+    `open_regular_file` (without following a link and without blocking); -1 when it is something
+    else (a link, a FIFO, a socket, a device, a directory). Whatever it is, nothing waits on it
+    and nothing of it is read."""
+    found = open_regular_file(name, parent)
+    return -1 if found is None else found[0]
 
 
 def _content(parent: int, name: str, limit: int) -> tuple[str, bytes] | None:
