@@ -17,7 +17,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,10 +49,10 @@ from agent_rewind.rewind.outcome import (
     recorded,
     refuse,
 )
+from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.side_effects import SideEffect
 from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
 from agent_rewind.sessions.events import FilesAnswer
-from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.store.ledger import (
@@ -65,7 +65,7 @@ from agent_rewind.store.ledger import (
     RewindRecord,
 )
 from agent_rewind.transcript.entries import RewindPoint
-from agent_rewind.transcript.index import ConversationView
+from agent_rewind.transcript.index import ConversationView, TranscriptIndex
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +110,8 @@ class _Plan:
     # A files half from checkpoints planned without the CLI: the files it may change, as they
     # were (what it changed is seen after it, against these).
     looked: checkpoints.Files | None = None
+    # The transcript as the plan read it (other leaves' views; its size, the cut's bound).
+    index: TranscriptIndex | None = None
 
 
 # A rewind's side effects read this many transcript lines at most on the event loop (more: in a thread).
@@ -138,7 +140,7 @@ class RewindEngine:
         self._snapshots = snapshots
         self._undo = Undo(ledger, snapshots, publish)
 
-    async def undo(self, worker: SessionWorker, req: UndoRequest) -> RewindOutcome:
+    async def undo(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
         """UndoRewind (or its preview): all or nothing, durable, idempotent by request id; run
         in a task of its own like a rewind, so a caller that hangs up does not cut it short."""
         previous = await self._undo.previous(req)
@@ -157,7 +159,7 @@ class RewindEngine:
 
         return await tasks.shielded(run(), name=f"undo-{worker.session_id}")
 
-    async def _capture_before(self, worker: SessionWorker, plan: _Plan) -> FilesBefore | None:
+    async def _capture_before(self, worker: RewindSession, plan: _Plan) -> FilesBefore | None:
         """What an undo of this rewind needs of the files: the paths it changes, as they are."""
         snaps = self._snapshots
         if snaps is None or not plan.files.can_rewind:
@@ -175,7 +177,7 @@ class RewindEngine:
             return None
         return FilesBefore(before, tuple(paths))
 
-    async def _capture_after(self, worker: SessionWorker, intent: Intent) -> str | None:
+    async def _capture_after(self, worker: RewindSession, intent: Intent) -> str | None:
         """The same files as the rewind left them (for an undo of it), if they were kept before."""
         kept = intent.files_before
         snaps = self._snapshots
@@ -191,7 +193,7 @@ class RewindEngine:
             return None
 
     async def _from_snapshots(
-        self, worker: SessionWorker, point: RewindPoint, req: RewindRequest
+        self, worker: RewindSession, point: RewindPoint, req: RewindRequest
     ) -> tuple[FilesHalf, workspace.Restore | None, Snapshot] | None:
         """The files half served by workspace snapshots; None when no snapshot was taken at the
         point (the CLI's checkpoints serve it then)."""
@@ -230,9 +232,10 @@ class RewindEngine:
         )
         return half, restore, now
 
-    async def _plan(self, worker: SessionWorker, req: RewindRequest, *, preview: bool = False) -> _Plan:
+    async def _plan(self, worker: RewindSession, req: RewindRequest, *, preview: bool = False) -> _Plan:
         """`preview`: a dry run, whose files half from checkpoints is the CLI's own preview."""
-        view = await worker.view()
+        reading = await worker.transcript()
+        view = reading.view
         # Before resolving: a target dropped by a rewind the caller did not see is a conflict too.
         if req.expected_last_message_id is not None and req.expected_last_message_id != view.last_message_id:
             raise RewindConflict(req.expected_last_message_id, view.last_message_id)
@@ -291,12 +294,21 @@ class RewindEngine:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
         effects = await self._side_effects(worker, view, point)
         return _Plan(
-            point, files, conversation, view.last_message_id, restore, now, view.leaf, effects, looked
+            point,
+            files,
+            conversation,
+            view.last_message_id,
+            restore,
+            now,
+            view.leaf,
+            effects,
+            looked,
+            reading.index,
         )
 
     @staticmethod
     async def _look(
-        worker: SessionWorker, view: ConversationView, point: RewindPoint
+        worker: RewindSession, view: ConversationView, point: RewindPoint
     ) -> checkpoints.Files | None:
         """The files a rewind to `point` from the CLI's checkpoints may change, as they are now
         (read in a thread); None when the CLI's dry run must plan it (see checkpoints.py)."""
@@ -310,7 +322,7 @@ class RewindEngine:
         return await asyncio.to_thread(checkpoints.look, cwd, paths)
 
     async def _side_effects(
-        self, worker: SessionWorker, view: ConversationView, point: RewindPoint
+        self, worker: RewindSession, view: ConversationView, point: RewindPoint
     ) -> tuple[SideEffect, ...]:
         """What the turns from `point` on did that no rewind undoes. Their few lines are read on
         the loop; many, in a thread."""
@@ -329,14 +341,15 @@ class RewindEngine:
             return await asyncio.to_thread(side_effects.collect, view, point, egress, wanted)
         return side_effects.collect(view, point, egress, wanted)
 
-    async def dry_run(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+    async def dry_run(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
         async with worker.exclusive():
             await self.resolve_pending(worker)
             plan = await self._plan(worker, req, preview=True)
             last = plan.last_message_id
             if plan.conversation.can_rewind:
-                last = worker.view_at(plan.point.anchor).last_message_id
+                assert plan.index is not None
+                last = plan.index.view(plan.point.anchor).last_message_id
         return RewindOutcome("", plan.files, plan.conversation, last, plan.side_effects)
 
     def _request(self, req: RewindRequest) -> NewRequest | None:
@@ -348,7 +361,7 @@ class RewindEngine:
         """The rewind this request id started, if any; REQUEST_ID_REUSED for another call."""
         return await recorded(self._ledger, self._request(req))
 
-    async def rewind(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+    async def rewind(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
         """Applies a rewind, all of it or nothing.
 
         The work runs in a task of its own: a caller that hangs up mid-way does not stop it (the
@@ -361,14 +374,14 @@ class RewindEngine:
             return RewindOutcome.from_json(previous.result)
         return await tasks.shielded(self._rewind_exclusive(worker, req), name=f"rewind-{worker.session_id}")
 
-    async def rewind_before_prompt(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+    async def rewind_before_prompt(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
         """PromptRequest.rewind: applies the rewind from the turn's own task, under the session
         lock the turn holds, so no other prompt can slip in between (a refusal raises, and the
         turn sends nothing)."""
         return await self._rewind_exclusive(worker, req, held=True)
 
     async def _rewind_exclusive(
-        self, worker: SessionWorker, req: RewindRequest, held: bool = False
+        self, worker: RewindSession, req: RewindRequest, held: bool = False
     ) -> RewindOutcome:
         """`held`: the caller holds the session's lock already (a prompt's rewind)."""
         started = time.perf_counter()
@@ -398,7 +411,7 @@ class RewindEngine:
                 if outcome != "retried":
                     metrics.REWINDS.labels(req.mode.value, outcome, source).inc()
 
-    async def _rewind_locked(self, worker: SessionWorker, req: RewindRequest) -> RewindOutcome:
+    async def _rewind_locked(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
         with tracing.span("rewind.plan") as span:
             plan = await self._plan(worker, req)
             span.set(
@@ -420,7 +433,7 @@ class RewindEngine:
                 session_id=worker.session_id,
                 anchor_uuid=plan.point.anchor,
                 target_message_id=plan.point.message_id,
-                transcript_size=worker.transcript_size(),
+                transcript_size=plan.index.size if plan.index is not None else 0,
                 drops_turn=None,
                 rewind_id=rewind_id,
             )
@@ -435,7 +448,7 @@ class RewindEngine:
             files_before=before,
             planned_leaf=plan.leaf,
             planned_last_message_id=plan.last_message_id,
-            planned_transcript_size=worker.transcript_size(),
+            planned_transcript_size=plan.index.size if plan.index is not None else 0,
             observed=plan.looked is not None,
         )
         with tracing.span("rewind.intent", rewind_id=rewind_id):
@@ -458,7 +471,7 @@ class RewindEngine:
         assert record is not None
         return await self._finish(worker, record, plan.looked)
 
-    async def _restore_files(self, worker: SessionWorker, record: RewindRecord, target: str) -> FilesAnswer:
+    async def _restore_files(self, worker: RewindSession, record: RewindRecord, target: str) -> FilesAnswer:
         """Restores the files of a recorded intent. A process that fails mid-request leaves the
         outcome unknown: restoring is idempotent, so it is asked again in a new process. When that
         fails too, the intent stays pending and is resolved before anything else happens on the
@@ -479,7 +492,7 @@ class RewindEngine:
         return answer
 
     async def _restore_snapshot(
-        self, worker: SessionWorker, record: RewindRecord, restore: SnapshotRestore
+        self, worker: RewindSession, record: RewindRecord, restore: SnapshotRestore
     ) -> None:
         """Restores the planned paths from the point's snapshot, all or nothing, then snapshots
         the result (the end of the service's interval). Idempotent: recovery runs it again."""
@@ -514,14 +527,15 @@ class RewindEngine:
             await snaps.take_and_record(sid, cwd, REWIND_AFTER, record.rewind_id)
 
     async def _finish(
-        self, worker: SessionWorker, record: RewindRecord, looked: checkpoints.Files | None = None
+        self, worker: RewindSession, record: RewindRecord, looked: checkpoints.Files | None = None
     ) -> RewindOutcome:
         """Applies a recorded intent: files, then the conversation cut. Under the session's lock.
         `looked`: the files as the plan read them (`_Plan.looked`); None when recovering."""
         intent = Intent.of(record)
         files = intent.outcome.files
         anchor = replace(intent.anchor, drops_turn=None) if intent.anchor is not None else None
-        view = await worker.view()  # also catches up with the transcript, after a restart
+        reading = await worker.transcript()  # also catches up with the transcript, after a restart
+        view = reading.view
         current = anchor is None or self._still_current(view, intent, anchor)
         if not current and not record.files_applied:
             # Nothing applied yet, and the cut would drop turns nobody asked to drop: drop it all.
@@ -554,7 +568,7 @@ class RewindEngine:
         last = view.last_message_id
         if anchor is not None and current:
             conversation = ConversationHalf(True, True, True, conversation.messages_dropped)
-            last = worker.view_at(anchor.anchor_uuid).last_message_id
+            last = reading.index.view(anchor.anchor_uuid).last_message_id
         elif anchor is not None:
             # The files were restored before the conversation moved on (it cannot while an intent
             # is pending, but a CLI that starts turns of its own could): the files half stands,
@@ -579,7 +593,7 @@ class RewindEngine:
         # index as the cut leaves it, in the same transaction.
         with tracing.span("rewind.completion", rewind_id=record.rewind_id, cut=anchor is not None):
             result = Applied(final, files_after=after).to_json()
-            async with worker.points.cutting(anchor.anchor_uuid if anchor else None) as points:
+            async with worker.cutting(anchor.anchor_uuid if anchor else None) as points:
                 committed = await self._ledger.complete_rewind(
                     record.rewind_id, result, anchor, event, points
                 )
@@ -601,7 +615,7 @@ class RewindEngine:
 
     async def _seen(
         self,
-        worker: SessionWorker,
+        worker: RewindSession,
         intent: Intent,
         files: FilesHalf,
         looked: checkpoints.Files | None,
@@ -633,7 +647,7 @@ class RewindEngine:
         # An intent recorded by an older version: the anchor and the target are still visible.
         return bool(view.contains(anchor.anchor_uuid) and view.contains(anchor.target_message_id))
 
-    async def resolve_pending(self, worker: SessionWorker) -> None:
+    async def resolve_pending(self, worker: RewindSession) -> None:
         """Finishes the session's recorded, unfinished rewinds. Call under the session's lock;
         runs before any prompt or rewind, so nothing ever runs on half a rewind."""
         for record in await self._ledger.pending_rewinds(worker.session_id):
@@ -652,7 +666,7 @@ class RewindEngine:
                     error=err.message,
                 )
 
-    async def recover(self, workers: dict[str, SessionWorker]) -> None:
+    async def recover(self, workers: Mapping[str, RewindSession]) -> None:
         """Finishes rewinds a crash interrupted, before the server admits any call. Each session
         gets at most RECOVERY_SECONDS: one whose rewind cannot be finished (its CLI hangs, its
         files cannot be read) keeps the rewind pending, is logged, and is tried again before its
@@ -662,9 +676,8 @@ class RewindEngine:
             if worker is None:
                 continue
             try:
-                async with asyncio.timeout(RECOVERY_SECONDS), worker.lock:
+                async with asyncio.timeout(RECOVERY_SECONDS), worker.exclusive():
                     await self.resolve_pending(worker)
-                    worker.after_exclusive_use()
             except AgentRewindError as err:
                 log.error("could not finish an interrupted rewind", session_id=session_id, error=err.message)
             except TimeoutError:

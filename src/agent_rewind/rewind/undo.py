@@ -30,7 +30,7 @@ from agent_rewind.errors import ExternalChanges, FilesUnavailable, StorageUnavai
 from agent_rewind.rewind import workspace
 from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data, recorded
-from agent_rewind.sessions.worker import SessionWorker
+from agent_rewind.rewind.session import RewindSession
 from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
 from agent_rewind.store.ledger import (
@@ -42,6 +42,7 @@ from agent_rewind.store.ledger import (
     NewRewind,
     RewindRecord,
 )
+from agent_rewind.transcript.index import Reading
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +87,8 @@ class _Plan:
     target: RewindRecord
     files: UndoFiles | None
     leaf: str | None
+    # The transcript as the plan read it.
+    reading: Reading
 
 
 class Undo:
@@ -100,7 +103,7 @@ class Undo:
         """The undo this request id started, if any; REQUEST_ID_REUSED for another call."""
         return await recorded(self._ledger, req.request())
 
-    async def _target(self, worker: SessionWorker, req: UndoRequest) -> RewindRecord:
+    async def _target(self, worker: RewindSession, req: UndoRequest) -> tuple[RewindRecord, Reading]:
         applied = [r for r in await self._ledger.rewinds(worker.session_id) if r.state == "applied"]
         target = next((r for r in applied if r.rewind_id == req.rewind_id), None)
         if target is None:
@@ -113,14 +116,14 @@ class Undo:
         if target.kind != "rewind":
             raise UndoUnavailable(req.rewind_id, "an undo cannot be undone")
         assert target.result is not None
-        view = await worker.view()
-        if view.last_message_id != Applied.from_json(target.result).outcome.last_message_id:
+        reading = await worker.transcript()
+        if reading.view.last_message_id != Applied.from_json(target.result).outcome.last_message_id:
             raise UndoUnavailable(req.rewind_id, "a turn ran after it")
-        return target
+        return target, reading
 
-    async def _plan(self, worker: SessionWorker, req: UndoRequest) -> _Plan:
+    async def _plan(self, worker: RewindSession, req: UndoRequest) -> _Plan:
         """What undoing the request's rewind does; raises UNDO_UNAVAILABLE or EXTERNAL_CHANGES."""
-        target = await self._target(worker, req)
+        target, reading = await self._target(worker, req)
         assert target.result is not None
         applied = Applied.from_json(target.result)
         intent = Intent.of(target)
@@ -133,10 +136,10 @@ class Undo:
             leaf = intent.planned_leaf
             if not leaf:
                 raise UndoUnavailable(req.rewind_id, "it was made by an older version, which kept no leaf")
-        return _Plan(target, files, leaf)
+        return _Plan(target, files, leaf, reading)
 
     async def _files(
-        self, worker: SessionWorker, req: UndoRequest, intent: Intent, applied: Applied
+        self, worker: RewindSession, req: UndoRequest, intent: Intent, applied: Applied
     ) -> UndoFiles:
         snaps = self._snapshots
         kept, after = intent.files_before, applied.files_after
@@ -169,7 +172,7 @@ class Undo:
             source=applied.outcome.files.source,
         )
 
-    def _outcome(self, worker: SessionWorker, plan: _Plan) -> RewindOutcome:
+    def _outcome(self, worker: RewindSession, plan: _Plan) -> RewindOutcome:
         """The result an undo reports: the rewind it undid, what it put back."""
         files: FilesHalf = FilesHalf()
         if (f := plan.files) is not None:
@@ -183,12 +186,12 @@ class Undo:
                 conflicts=f.conflicts,
             )
         conversation: ConversationHalf = ConversationHalf()
-        last = worker.view_at(plan.leaf).last_message_id if plan.leaf else ""
+        last = plan.reading.index.view(plan.leaf).last_message_id if plan.leaf else ""
         if plan.leaf:
             conversation = ConversationHalf(True, True, False, 0)
         return RewindOutcome(plan.target.rewind_id, files, conversation, last)
 
-    async def apply(self, worker: SessionWorker, req: UndoRequest) -> RewindOutcome:
+    async def apply(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
         """Under the session's lock, pending intents resolved."""
         plan = await self._plan(worker, req)
         target, files = plan.target, plan.files
@@ -196,7 +199,7 @@ class Undo:
         if plan.leaf and not req.validate_only:
             outcome = replace(outcome, conversation=replace(outcome.conversation, rewound=True))
         if not outcome.last_message_id:
-            outcome = replace(outcome, last_message_id=(await worker.view()).last_message_id)
+            outcome = replace(outcome, last_message_id=plan.reading.view.last_message_id)
         if req.validate_only:
             return outcome
         undo_id = str(uuid.uuid4())
@@ -225,7 +228,7 @@ class Undo:
         assert record is not None
         return await self.finish(worker, record)
 
-    async def _record_after(self, worker: SessionWorker, undo_id: str, files: UndoFiles) -> None:
+    async def _record_after(self, worker: RewindSession, undo_id: str, files: UndoFiles) -> None:
         """The workspace after the undo, for a session with snapshots: the whole tree before it
         with the restored paths as they were (no scan), or a new snapshot if that is unknown."""
         snaps = self._snapshots
@@ -240,7 +243,7 @@ class Undo:
         else:
             await snaps.take_and_record(sid, cwd, REWIND_AFTER, undo_id)
 
-    async def finish(self, worker: SessionWorker, record: RewindRecord) -> RewindOutcome:
+    async def finish(self, worker: RewindSession, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
         intent = UndoIntent.of(record)
         outcome = intent.outcome
@@ -270,11 +273,12 @@ class Undo:
                 await self._ledger.mark_files_applied(record.rewind_id)
         anchor = None
         if intent.leaf:
+            reading = await worker.transcript()
             anchor = Anchor(
                 session_id=worker.session_id,
                 anchor_uuid=intent.leaf,
                 target_message_id="",
-                transcript_size=worker.transcript_size(),
+                transcript_size=reading.index.size,
                 drops_turn=None,
                 rewind_id=record.rewind_id,
             )
@@ -286,7 +290,7 @@ class Undo:
             data=event_data(record.message_id, record.mode, outcome, owner=worker.record.principal),
         )
         # The points index as the restored conversation has it, in the same transaction.
-        async with worker.points.cutting(anchor.anchor_uuid if anchor else None) as points:
+        async with worker.cutting(anchor.anchor_uuid if anchor else None) as points:
             committed: EventRecord = await self._ledger.complete_rewind(
                 record.rewind_id, outcome.to_json(), anchor, event, points
             )

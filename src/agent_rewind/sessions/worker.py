@@ -46,8 +46,8 @@ from agent_rewind.sessions.status import State, Status
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.sessions.view import TranscriptView
 from agent_rewind.snapshots.taking import Snapshots
-from agent_rewind.store.ledger import EgressRecord, Ledger, SessionRecord
-from agent_rewind.transcript.index import ConversationView, TranscriptIndex
+from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord
+from agent_rewind.transcript.index import ConversationView, Reading, TranscriptIndex
 
 __all__ = ["SessionWorker", "State", "WorkerContext"]
 
@@ -99,6 +99,8 @@ class SessionWorker:
         self.lock = asyncio.Lock()
         self._log = log.bind(session_id=self.session_id)
         self.update_time: datetime = record.update_time
+        # Where the CLI keeps this session's file backups (its checkpoints' content).
+        self.file_history = ctx.claude_config_dir / "file-history" / self.session_id
         # The parts reach each other through the worker, and only once it is built.
         self.lifecycle = Lifecycle(self, ctx, self._log)
         self.turns = TurnRunner(self, ctx, self._log)
@@ -162,11 +164,6 @@ class SessionWorker:
         checkpoint even before the CLI writes it to the transcript."""
         return self.process.alive and self.process.pid == self.turns.newest_pid
 
-    @property
-    def file_history(self) -> Path:
-        """Where the CLI keeps this session's file backups (its checkpoints' content)."""
-        return self._ctx.claude_config_dir / "file-history" / self.session_id
-
     def check_no_turn(self) -> None:
         if self.turn_running:
             raise TurnInFlight(self.session_id)
@@ -185,6 +182,18 @@ class SessionWorker:
     async def view(self) -> ConversationView:
         """The visible conversation: the transcript's own, cut at a pending rewind anchor if any."""
         return await self._view.view()
+
+    async def transcript(self) -> Reading:
+        """The visible conversation (`view`) and the whole index it was read into."""
+        view = await self._view.view()
+        return Reading(view, self._view.index())
+
+    @contextlib.asynccontextmanager
+    async def cutting(self, leaf: str | None) -> AsyncIterator[PointsUpdate | None]:
+        """The points index's update for a cut at `leaf`, for the transaction that commits the
+        cut to write; the index's own once the body returns (`SessionPoints.cutting`)."""
+        async with self.points.cutting(leaf) as update:
+            yield update
 
     # The three below read what the last `view()` caught up with.
 
@@ -243,10 +252,6 @@ class SessionWorker:
     def transcript_file(self) -> Path:
         """Where the CLI writes this session's transcript."""
         return self._view.index().path
-
-    def transcript_size(self) -> int:
-        size: int = self._view.index().size
-        return size
 
     def on_forget(self, callback: Callable[[], None]) -> None:
         """Runs `callback` once, the next time the session frees its transcript view (it

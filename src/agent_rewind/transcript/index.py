@@ -24,6 +24,7 @@ a view and its points are `view`.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,12 @@ class TranscriptIndex:
         if call is None:
             return None, None
         return self._store.agent_calls.get(call), self._subagents.nested_calls.get(call)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The transcript as one read left it: the visible conversation (cut where a pending rewind
+    left it) and the whole index it was read into (other leaves' views, the bytes covered)."""
+
+    view: ConversationView
+    index: TranscriptIndex

@@ -29,6 +29,7 @@ class Source(Protocol):
 
     def spawn_call(self, agent: str) -> tuple[str | None, str | None]: ...
 
+
 _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _MAX_AGENT_NESTING = 16
 

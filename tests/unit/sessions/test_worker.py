@@ -1448,10 +1448,11 @@ async def test_the_transcript_accessors_read_what_the_last_view_caught_up_with(
     worker, _ = await make_worker()
     await collect(await within(worker.start_turn("one")))
     await collect(await within(worker.start_turn("two")))
-    view = await worker.view()
+    reading = await worker.transcript()
+    view = reading.view
     first = view.points[0]
-    assert worker.transcript_size() == worker.transcript_file.stat().st_size > 0
-    assert worker.transcript_view().leaf == view.leaf
+    assert reading.index.size == worker.transcript_file.stat().st_size > 0
+    assert worker.transcript_view().leaf == view.leaf == reading.index.view().leaf
     at_first = worker.view_at(first.message_id)
     assert [p.text for p in at_first.points] == ["one"]
     assert at_first.leaf == first.message_id
