@@ -400,7 +400,7 @@ class Ledger(
     Protocol,
 ):
     """Durable state shared by everything the service does: every part above, for whoever needs
-    several. Implementations: SqliteLedger and PostgresLedger, both `store/sql.py`'s SqlLedger."""
+    several. Implementations: SqliteLedger and PostgresLedger, both `store/sql/`'s SqlLedger."""
 
     async def close(self) -> None: ...
 

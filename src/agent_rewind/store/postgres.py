@@ -1,7 +1,8 @@
 """The ledger on PostgreSQL, for several replicas of the service sharing one database.
 
-The PostgreSQL dialect of `store/sql.py`, which holds every ledger method: the same observable
-behaviour as `store/sqlite.py`, with what a server shared by several writers asks for:
+`PostgresDialect`, the database as the stores of `store/sql/` use it, and `PostgresLedger`, those
+stores over it: the same observable behaviour as `store/sqlite.py`, with what a server shared by
+several writers asks for:
 
 - Every write is one transaction (READ COMMITTED, whatever the database's default) on a pooled
   connection (psycopg 3, async), durable when its call returns: `synchronous_commit` is put back
@@ -18,8 +19,9 @@ behaviour as `store/sqlite.py`, with what a server shared by several writers ask
   database written by a newer version is refused (SchemaTooNew) and left as it is.
 - A lost server (refused connection, administrator shutdown, a full disk, a lock held longer than
   `lock_timeout`) is StorageUnavailable, for reads as for writes.
-- The core's statements, spelled as SQLite spells them, are translated here (`?` to `%s`, a JSON
-  column's `*_json` name to its own), and the rows' column names back.
+- The stores' statements are spelled with `%s` placeholders and the JSON columns' own names
+  (`PostgresDialect.SPELLING`); where a statement differs altogether (an event's append, blanking
+  an erased session's file paths) the text is this module's.
 - The replica directory's leases are by the database's clock, so replicas' clocks need not agree;
   a fenced write reads the directory's row FOR SHARE, so a new registration waits for it.
 
@@ -48,8 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -63,16 +63,16 @@ from psycopg.types.json import Json, Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from agent_rewind.errors import StorageUnavailable
-from agent_rewind.store.dialect import Result, Row, Work
-from agent_rewind.store.ledger import NewEvent, NewRequest, SchemaTooNew, dumps
-from agent_rewind.store.sql import SqlLedger
+from agent_rewind.store.dialect import Dialect, Result, Row, Spelling, Work
+from agent_rewind.store.records import NewEvent, NewRequest, SchemaTooNew, dumps
+from agent_rewind.store.sql.ledger import SqlLedger
 
 T = TypeVar("T")
 Connection = AsyncConnection[DictRow]
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["MIGRATIONS", "PostgresLedger", "SchemaTooNew"]
+__all__ = ["MIGRATIONS", "PostgresDialect", "PostgresLedger", "SchemaTooNew"]
 
 # pg_advisory_xact_lock's key for migrations: "agrw" "schm" in ASCII, so it is recognizable in
 # pg_locks and unlikely to be any other application's.
@@ -223,7 +223,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
-    # 5: the points index: each session's visible rewind points (store/sql.py, PointIndex).
+    # 5: the points index: each session's visible rewind points (store/sql/point_index.py, PointIndex).
     (
         """
         CREATE TABLE point_heads (
@@ -268,36 +268,187 @@ _UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 # The channel every event append NOTIFYs on commit, which the event hub of every replica LISTENs to.
 EVENTS_CHANNEL = "agent_rewind_events"
 
-# The JSON columns' names, as the core spells them (SQLite's) and as they are here.
-_NAMES = {
-    "options_json": "options",
-    "plan_json": "plan",
-    "result_json": "result",
-    "data_json": "data",
-    "erasure_json": "erasure",
-}
-_CORE_NAMES = {name: core for core, name in _NAMES.items()}
-_SPELLED = re.compile(r"\b(?:" + "|".join(_NAMES) + r")\b")
+# An event's append, in one statement: the counter row's lock, taken here and held until the
+# transaction ends, is held for as few round trips as can be.
+_APPEND_EVENT = (
+    "WITH next AS (UPDATE counters SET value = value + 1 WHERE name = 'event_cursor' RETURNING value),"
+    " appended AS (INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data)"
+    " SELECT value, %s, %s, %s, %s, %s, %s FROM next RETURNING cursor),"
+    " recorded AS (UPDATE rewinds SET cursor = (SELECT cursor FROM appended) WHERE rewind_id = %s)"
+    # Listeners on other replicas are told on commit (never before: NOTIFY is transactional).
+    f" SELECT cursor, pg_notify('{EVENTS_CHANNEL}', cursor::text) FROM appended"
+)
 
 
-class PostgresLedger(SqlLedger):
-    """`Ledger` on a PostgreSQL database. Open with `await PostgresLedger.open(url)`."""
+class PostgresDialect(Dialect):
+    """The PostgreSQL database the ledger lives in: its pool of connections, its transactions and
+    spelling, and the connection that listens for appended events."""
 
-    SHARE = " FOR SHARE"
-    LOCK = " FOR UPDATE"
+    SPELLING = Spelling(
+        p="%s",
+        share=" FOR SHARE",
+        lock=" FOR UPDATE",
+        clock="now()",  # the database's clock, so replicas' clocks need not agree
+        lease_end="now() + make_interval(secs => %s)",
+        options="options",
+        plan="plan",
+        result="result",
+        data="data",
+        erasure="erasure",
+    )
+    SCHEMA_VERSION = "SELECT version FROM agent_rewind_schema"
     BLANK_FILES = (
         "UPDATE events SET data = jsonb_set(data, '{files,files_changed}', '[]'::jsonb)"
         " WHERE session_id = %s AND jsonb_typeof(data #> '{files,files_changed}') = 'array'"
         " AND jsonb_array_length(data #> '{files,files_changed}') > 0"
     )
 
-    def __init__(self, pool: AsyncConnectionPool[Connection], *, vacuum_full: bool = False) -> None:
-        super().__init__()
+    def __init__(
+        self, pool: AsyncConnectionPool[Connection], conninfo: str, *, vacuum_full: bool = False
+    ) -> None:
         self._pool = pool
         self._vacuum_full = vacuum_full
         # The connection LISTENing for appended events (`wait_for_events`), opened on first use.
-        self._conninfo = ""
+        self._conninfo = conninfo
         self._listener: AsyncConnection[Any] | None = None
+
+    async def close(self) -> None:
+        await self._pool.close()
+        if self._listener is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._listener.close()
+        self._listener = None
+
+    async def wait_for_events(self, seconds: float) -> None:
+        """Waits for a NOTIFY on EVENTS_CHANNEL (every append sends one on commit) on a
+        connection of its own; on any trouble with it, for `seconds` (the caller polls), and the
+        connection is made again at the next call."""
+        try:
+            if self._listener is None or self._listener.closed:
+                self._listener = await AsyncConnection.connect(self._conninfo, autocommit=True)
+                await self._listener.execute(f"LISTEN {EVENTS_CHANNEL}")
+            async for _ in self._listener.notifies(timeout=seconds, stop_after=1):
+                pass
+        except psycopg.Error as err:
+            log.warning("not listening for events appended elsewhere; polling", error=str(err))
+            if self._listener is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await self._listener.close()
+                self._listener = None
+            await asyncio.sleep(seconds)
+
+    # Connections
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection known to work. What fails to give one (refused, shut down, disk
+        full, a lock timeout: an OperationalError) the stores map to StorageUnavailable, as they
+        do a write refused as read-only (a standby, after a failover that DNS has not caught
+        up with)."""
+        conn = await self._live_connection()
+        try:
+            yield conn
+        finally:
+            await self._pool.putconn(conn)
+
+    async def _live_connection(self) -> Connection:
+        """Checks the connection out of the pool with an empty query first: one the server dropped
+        (a restart, a failover, an administrator) goes back, to be closed and replaced, and the
+        next is tried at once (the pool's own `check` would wait a backoff of a second or more
+        between two). After as many tries as the pool may hold connections, the next one is
+        taken unchecked (the pool's wait, and the statement, fail as they will)."""
+        for _ in range(self._pool.max_size):
+            conn = await self._pool.getconn()
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except psycopg.OperationalError:
+                await self._pool.putconn(conn)
+                continue
+            except BaseException:
+                await self._pool.putconn(conn)
+                raise
+            return conn
+        return await self._pool.getconn()
+
+    async def _write(self, work: Callable[[Connection], Awaitable[T]]) -> T:
+        """Runs `work` in one transaction; durable when this returns."""
+        async with self._connection() as conn, conn.transaction():
+            return await work(conn)
+
+    async def _vacuum(self, tables: Sequence[str]) -> None:
+        """Best effort: drops the old versions of rows an erasure deleted or rewrote. One table at
+        a time, so a table another session holds locked does not keep the others from it."""
+        options = sql.SQL("(FULL)" if self._vacuum_full else "(INDEX_CLEANUP ON)")  # indexes' entries too
+        for table in tables:
+            try:
+                async with self._connection() as conn:
+                    await conn.execute(sql.SQL("VACUUM {} {}").format(options, sql.Identifier(table)))
+            except Exception as err:
+                log.warning("could not vacuum the ledger after an erasure", table=table, error=str(err))
+
+    # The dialect
+
+    async def transact(self, work: Callable[[], Work[T]], durable: bool) -> T:
+        # Durable whatever `durable` says: the server can lose a commit it did not flush (a
+        # crash, a failover) while this replica lives on, its points head in memory ahead of the
+        # ledger's, and the next write of the index would be a difference from rows that are not
+        # there. (SQLite loses one only with the machine, so with the process: see sqlite.py.)
+        return await self._write(lambda conn: _run(conn, work()))
+
+    async def read(self, statement: str, args: tuple[Any, ...]) -> Sequence[Row]:
+        async with self._connection() as conn:
+            return await (await conn.execute(statement, args)).fetchall()
+
+    def unavailable(self, err: BaseException) -> bool:
+        return isinstance(err, _UNAVAILABLE)
+
+    def encode_time(self, value: datetime) -> datetime:
+        return value
+
+    def decode_time(self, value: Any) -> datetime:
+        moment: datetime = value
+        return moment.astimezone(UTC)
+
+    def encode_json(self, value: Any, *, text: bool = False) -> Json | Jsonb | None:
+        if value is None:
+            return None
+        return Json(value, dumps=dumps) if text else Jsonb(value)
+
+    def decode_json(self, value: Any) -> Any:
+        return value
+
+    def clock_args(self) -> tuple[Any, ...]:
+        return ()
+
+    def lease_args(self, seconds: float) -> tuple[Any, ...]:
+        return (seconds,)
+
+    def legacy_columns(self, table: str, request: NewRequest | None) -> dict[str, Any]:
+        return {}
+
+    def append_event(self, event: NewEvent, stamp: datetime, rewind_id: str | None) -> Work[int]:
+        args = (
+            event.kind,
+            event.session_id,
+            event.rewind_id,
+            event.principal,
+            stamp,
+            Jsonb(event.data),
+            rewind_id,
+        )
+        row = (yield _APPEND_EVENT, args).one()
+        assert row is not None
+        return int(row["cursor"])
+
+    async def erased(self, tables: Sequence[str], changed: bool) -> None:
+        if changed:
+            await self._vacuum(tables)
+
+
+class PostgresLedger(SqlLedger):
+    """`Ledger` on a PostgreSQL database. Open with `await PostgresLedger.open(url)`."""
+
+    dialect: PostgresDialect
 
     @classmethod
     async def open(
@@ -366,164 +517,7 @@ class PostgresLedger(SqlLedger):
             if isinstance(err, psycopg.OperationalError):
                 raise StorageUnavailable(str(err)) from err
             raise
-        ledger = cls(pool, vacuum_full=vacuum_full)
-        ledger._conninfo = conninfo
-        return ledger
-
-    async def schema_version(self) -> int:
-        row = await self._row("SELECT version FROM agent_rewind_schema")
-        assert row is not None
-        return int(row["version"])
-
-    async def close(self) -> None:
-        await self._pool.close()
-        if self._listener is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._listener.close()
-        self._listener = None
-
-    async def wait_for_events(self, seconds: float) -> None:
-        """Waits for a NOTIFY on EVENTS_CHANNEL (every append sends one on commit) on a
-        connection of its own; on any trouble with it, for `seconds` (the caller polls), and the
-        connection is made again at the next call."""
-        try:
-            if self._listener is None or self._listener.closed:
-                self._listener = await AsyncConnection.connect(self._conninfo, autocommit=True)
-                await self._listener.execute(f"LISTEN {EVENTS_CHANNEL}")
-            async for _ in self._listener.notifies(timeout=seconds, stop_after=1):
-                pass
-        except psycopg.Error as err:
-            log.warning("not listening for events appended elsewhere; polling", error=str(err))
-            if self._listener is not None:
-                with contextlib.suppress(psycopg.Error):
-                    await self._listener.close()
-                self._listener = None
-            await asyncio.sleep(seconds)
-
-    # Connections
-
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Connection]:
-        """A pooled connection known to work. What fails to give one (refused, shut down, disk
-        full, a lock timeout: an OperationalError) the core maps to StorageUnavailable, as it
-        does a write refused as read-only (a standby, after a failover that DNS has not caught
-        up with)."""
-        conn = await self._live_connection()
-        try:
-            yield conn
-        finally:
-            await self._pool.putconn(conn)
-
-    async def _live_connection(self) -> Connection:
-        """Checks the connection out of the pool with an empty query first: one the server dropped
-        (a restart, a failover, an administrator) goes back, to be closed and replaced, and the
-        next is tried at once (the pool's own `check` would wait a backoff of a second or more
-        between two). After as many tries as the pool may hold connections, the next one is
-        taken unchecked (the pool's wait, and the statement, fail as they will)."""
-        for _ in range(self._pool.max_size):
-            conn = await self._pool.getconn()
-            try:
-                await AsyncConnectionPool.check_connection(conn)
-            except psycopg.OperationalError:
-                await self._pool.putconn(conn)
-                continue
-            except BaseException:
-                await self._pool.putconn(conn)
-                raise
-            return conn
-        return await self._pool.getconn()
-
-    async def _write(self, work: Callable[[Connection], Awaitable[T]], *, fenced: bool = True) -> T:
-        """Runs `work` in one transaction; durable when this returns. `fenced`: only while this
-        replica's epoch is current (`fence`): the directory's row is read FOR SHARE, so a new
-        registration waits for this transaction, and none of it commits after one."""
-        async with self._connection() as conn, conn.transaction():
-            if fenced:
-                await _run(conn, self._check_fence())
-            return await work(conn)
-
-    async def _vacuum(self, tables: Sequence[str]) -> None:
-        """Best effort: drops the old versions of rows an erasure deleted or rewrote. One table at
-        a time, so a table another session holds locked does not keep the others from it."""
-        options = sql.SQL("(FULL)" if self._vacuum_full else "(INDEX_CLEANUP ON)")  # indexes' entries too
-        for table in tables:
-            try:
-                async with self._connection() as conn:
-                    await conn.execute(sql.SQL("VACUUM {} {}").format(options, sql.Identifier(table)))
-            except Exception as err:
-                log.warning("could not vacuum the ledger after an erasure", table=table, error=str(err))
-
-    # The dialect
-
-    async def _transact(self, work: Callable[[], Work[T]], fenced: bool, durable: bool) -> T:
-        # Durable whatever `durable` says: the server can lose a commit it did not flush (a
-        # crash, a failover) while this replica lives on, its points head in memory ahead of the
-        # ledger's, and the next write of the index would be a difference from rows that are not
-        # there. (SQLite loses one only with the machine, so with the process: see sqlite.py.)
-        return await self._write(lambda conn: _run(conn, work()), fenced=fenced)
-
-    async def _read(self, statement: str, args: tuple[Any, ...]) -> list[Row]:
-        async with self._connection() as conn:
-            cursor = await conn.execute(_spelled(statement), args)
-            return [_core_names(row) for row in await cursor.fetchall()]
-
-    def _unavailable(self, err: BaseException) -> bool:
-        # The server lost, refused, shut down, out of disk, a lock or a statement timeout, a
-        # deadlock; or a read-only server where a write was meant.
-        return isinstance(err, psycopg.OperationalError | psycopg.errors.ReadOnlySqlTransaction)
-
-    def _encode_time(self, value: datetime) -> datetime:
-        return value
-
-    def _decode_time(self, value: Any) -> datetime:
-        moment: datetime = value
-        return moment.astimezone(UTC)
-
-    def _encode_json(self, value: Any, *, text: bool = False) -> Json | Jsonb | None:
-        if value is None:
-            return None
-        return Json(value, dumps=dumps) if text else Jsonb(value)
-
-    def _decode_json(self, value: Any) -> Any:
-        return value
-
-    def _clock(self) -> tuple[str, tuple[Any, ...]]:
-        return "now()", ()
-
-    def _lease_end(self, seconds: float) -> tuple[str, tuple[Any, ...]]:
-        return "now() + make_interval(secs => ?)", (seconds,)
-
-    def _legacy_columns(self, table: str, request: NewRequest | None) -> dict[str, Any]:
-        return {}
-
-    def _append_event(self, event: NewEvent, stamp: datetime, rewind_id: str | None) -> Work[int]:
-        """In one statement: the counter row's lock, taken here and held until the transaction
-        ends, is held for as few round trips as can be."""
-        row = (
-            yield (
-                "WITH next AS (UPDATE counters SET value = value + 1 WHERE name = 'event_cursor' RETURNING value),"
-                " appended AS (INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data)"
-                " SELECT value, %s, %s, %s, %s, %s, %s FROM next RETURNING cursor),"
-                " recorded AS (UPDATE rewinds SET cursor = (SELECT cursor FROM appended) WHERE rewind_id = %s)"
-                # Listeners on other replicas are told on commit (never before: NOTIFY is transactional).
-                f" SELECT cursor, pg_notify('{EVENTS_CHANNEL}', cursor::text) FROM appended",
-                (
-                    event.kind,
-                    event.session_id,
-                    event.rewind_id,
-                    event.principal,
-                    stamp,
-                    Jsonb(event.data),
-                    rewind_id,
-                ),
-            )
-        ).one()
-        assert row is not None
-        return int(row["cursor"])
-
-    async def _erased(self, tables: Sequence[str], changed: bool) -> None:
-        if changed:
-            await self._vacuum(tables)
+        return cls(PostgresDialect(pool, conninfo, vacuum_full=vacuum_full))
 
 
 async def _migrate(db: Connection) -> None:
@@ -549,25 +543,13 @@ async def _migrate(db: Connection) -> None:
             log.info("ledger schema migrated", version=version + 1)
 
 
-@functools.lru_cache(maxsize=512)
-def _spelled(statement: str) -> str:
-    """A statement of the core as PostgreSQL spells it."""
-    return _SPELLED.sub(lambda name: _NAMES[name.group(0)], statement).replace("?", "%s")
-
-
-def _core_names(row: DictRow) -> DictRow:
-    if not _CORE_NAMES.keys() & row.keys():
-        return row
-    return {_CORE_NAMES.get(name, name): value for name, value in row.items()}
-
-
 async def _run(conn: Connection, work: Work[T]) -> T:
     """Runs a write's statements on `conn`, each one's result sent back into `work`."""
     try:
         statement, args = next(work)
         while True:
-            cursor = await conn.execute(_spelled(statement), args)
-            rows = [_core_names(row) for row in await cursor.fetchall()] if cursor.description else []
+            cursor = await conn.execute(statement, args)
+            rows = await cursor.fetchall() if cursor.description else []
             statement, args = work.send(Result(rows, cursor.rowcount))
     except StopIteration as done:
         answer: T = done.value

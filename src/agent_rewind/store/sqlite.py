@@ -1,15 +1,17 @@
 """The embedded ledger: one SQLite file under the state dir (WAL, synchronous=FULL).
 
-The SQLite dialect of `store/sql.py`, which holds every ledger method. Writes run in a worker
-thread (their fsync must not hold up the event loop, nor every other session) on one connection,
-one IMMEDIATE transaction each (SQLite's write lock, held for the whole transaction, is what keeps
-a registration from committing during a fenced write), so when a call returns its write is on
-disk; but for a read's catch-up of the points index, derived data committed without an fsync
-(`_UNSYNCED`), which only a crash of the machine, so of this process too, can lose, and which
-runs on the event loop when no other write holds the lock. Reads run inline on a second
-connection: WAL lets them proceed while a write commits. The replica directory's leases are by
-this process's clock (one server uses the file). The schema is versioned (`PRAGMA user_version`)
-and migrated forward at open, so a state dir written by an older version is upgraded in place.
+`SqliteDialect`, the file as the stores of `store/sql/` use it, and `SqliteLedger`, those stores
+over it. Their statements are spelled with `?` placeholders and the JSON columns' names as
+SQLite's first schema gave them (`*_json`). Writes run in a worker thread (their fsync must not
+hold up the event loop, nor every other session) on one connection, one IMMEDIATE transaction each
+(SQLite's write lock, held for the whole transaction, is what keeps a registration from committing
+during a fenced write), so when a call returns its write is on disk; but for a read's catch-up of
+the points index, derived data committed without an fsync (`_UNSYNCED`), which only a crash of the
+machine, so of this process too, can lose, and which runs on the event loop when no other write
+holds the lock. Reads run inline on a second connection: WAL lets them proceed while a write
+commits. The replica directory's leases are by this process's clock (one server uses the file).
+The schema is versioned (`PRAGMA user_version`) and migrated forward at open, so a state dir
+written by an older version is upgraded in place.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent_rewind.store.dialect import Result, Row, Work
-from agent_rewind.store.ledger import NewEvent, NewRequest, SchemaTooNew, dumps, now
-from agent_rewind.store.sql import SqlLedger
+from agent_rewind.store.dialect import Dialect, Result, Row, Spelling, Work
+from agent_rewind.store.records import NewEvent, NewRequest, SchemaTooNew, dumps, now
+from agent_rewind.store.sql.ledger import SqlLedger
 
-__all__ = ["MIGRATIONS", "SchemaTooNew", "SqliteLedger"]
+__all__ = ["MIGRATIONS", "SchemaTooNew", "SqliteDialect", "SqliteLedger"]
 
 T = TypeVar("T")
 
@@ -46,6 +48,14 @@ _SYNCED = ("PRAGMA synchronous=FULL", "PRAGMA wal_autocheckpoint=1000")
 # the log starts over could lose what synced commits wrote). The log is appended in order: the
 # next synced commit's fsync makes these frames durable too.
 _UNSYNCED = ("PRAGMA synchronous=OFF", "PRAGMA wal_autocheckpoint=0")
+
+# An event's append: the next cursor, the event under it, and the rewind it records.
+_NEXT_CURSOR = "UPDATE counters SET value = value + 1 WHERE name = 'event_cursor' RETURNING value"
+_APPEND_EVENT = (
+    "INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data_json)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_RECORD_CURSOR = "UPDATE rewinds SET cursor = ? WHERE rewind_id = ?"
 
 # Each entry upgrades the schema by one version; never edit one that has shipped.
 MIGRATIONS: tuple[str, ...] = (
@@ -197,7 +207,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (url, cursor)
     );
     """,
-    # 8: the points index: each session's visible rewind points (store/sql.py, PointIndex).
+    # 8: the points index: each session's visible rewind points (store/sql/point_index.py, PointIndex).
     """
     CREATE TABLE point_heads (
         session_id TEXT PRIMARY KEY,
@@ -231,10 +241,22 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class SqliteLedger(SqlLedger):
-    """`Ledger` on an SQLite file. Open with `await SqliteLedger.open(path)`."""
+class SqliteDialect(Dialect):
+    """The SQLite file the ledger lives in: its connections, transactions and spelling."""
 
-    SHARE = LOCK = ""  # BEGIN IMMEDIATE holds the file's write lock until the transaction ends
+    SPELLING = Spelling(
+        p="?",
+        share="",  # BEGIN IMMEDIATE holds the file's write lock until the transaction ends
+        lock="",
+        clock="?",  # this process's clock (one server uses the file)
+        lease_end="?",
+        options="options_json",
+        plan="plan_json",
+        result="result_json",
+        data="data_json",
+        erasure="erasure_json",
+    )
+    SCHEMA_VERSION = "SELECT user_version AS version FROM pragma_user_version"
     BLANK_FILES = (
         "UPDATE events SET data_json = json_set(data_json, '$.files.files_changed', json('[]'))"
         " WHERE session_id = ? AND json_type(data_json, '$.files.files_changed') = 'array'"
@@ -242,7 +264,6 @@ class SqliteLedger(SqlLedger):
     )
 
     def __init__(self, path: Path, busy_timeout: float = 5.0) -> None:
-        super().__init__()
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._busy_ms = int(busy_timeout * 1000)
@@ -255,10 +276,6 @@ class SqliteLedger(SqlLedger):
             self._writer.close()
             self._reader.close()
             raise
-
-    @classmethod
-    async def open(cls, path: Path, busy_timeout: float = 5.0) -> SqliteLedger:
-        return await asyncio.to_thread(cls, path, busy_timeout)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -289,11 +306,6 @@ class SqliteLedger(SqlLedger):
                     raise
                 self._writer.execute("COMMIT")
 
-    async def schema_version(self) -> int:
-        row = await self._row("PRAGMA user_version")
-        assert row is not None
-        return int(row["user_version"])
-
     async def close(self) -> None:
         with self._write_lock:
             self._writer.close()
@@ -302,17 +314,13 @@ class SqliteLedger(SqlLedger):
     async def wait_for_events(self, seconds: float) -> None:
         await asyncio.sleep(seconds)  # one process writes the file: it publishes its own events
 
-    # The dialect
-
-    async def _transact(self, work: Callable[[], Work[T]], fenced: bool, durable: bool) -> T:
+    async def transact(self, work: Callable[[], Work[T]], durable: bool) -> T:
         def run(wait: bool = True) -> T:
             if not durable:
                 _pragmas(self._writer, _UNSYNCED if wait else (*_UNSYNCED, "PRAGMA busy_timeout=0"))
             try:
                 self._writer.execute("BEGIN IMMEDIATE")
                 try:
-                    if fenced:
-                        _run(self._writer, self._check_fence())
                     result = _run(self._writer, work())
                     self._writer.execute("COMMIT")
                 except BaseException:
@@ -340,33 +348,34 @@ class SqliteLedger(SqlLedger):
                 self._write_lock.release()
         return await asyncio.to_thread(locked)
 
-    async def _read(self, statement: str, args: tuple[Any, ...]) -> list[Row]:
-        return list(self._reader.execute(statement, args).fetchall())
+    async def read(self, statement: str, args: tuple[Any, ...]) -> Sequence[Row]:
+        rows: list[Row] = self._reader.execute(statement, args).fetchall()
+        return rows
 
-    def _unavailable(self, err: BaseException) -> bool:
+    def unavailable(self, err: BaseException) -> bool:
         if isinstance(err, sqlite3.OperationalError | OSError):  # locked, disk full, I/O error
             return True
         return isinstance(err, sqlite3.DatabaseError) and err.sqlite_errorcode & 0xFF in _DAMAGED
 
-    def _encode_time(self, value: datetime) -> str:
+    def encode_time(self, value: datetime) -> str:
         return value.isoformat()
 
-    def _decode_time(self, value: Any) -> datetime:
+    def decode_time(self, value: Any) -> datetime:
         return datetime.fromisoformat(value)
 
-    def _encode_json(self, value: Any, *, text: bool = False) -> str | None:
+    def encode_json(self, value: Any, *, text: bool = False) -> str | None:
         return dumps(value) if value is not None else None
 
-    def _decode_json(self, value: Any) -> Any:
+    def decode_json(self, value: Any) -> Any:
         return json.loads(value) if value else None
 
-    def _clock(self) -> tuple[str, tuple[Any, ...]]:
-        return "?", (now().isoformat(),)
+    def clock_args(self) -> tuple[Any, ...]:
+        return (now().isoformat(),)
 
-    def _lease_end(self, seconds: float) -> tuple[str, tuple[Any, ...]]:
-        return "?", ((now() + timedelta(seconds=seconds)).isoformat(),)
+    def lease_args(self, seconds: float) -> tuple[Any, ...]:
+        return ((now() + timedelta(seconds=seconds)).isoformat(),)
 
-    def _legacy_columns(self, table: str, request: NewRequest | None) -> dict[str, Any]:
+    def legacy_columns(self, table: str, request: NewRequest | None) -> dict[str, Any]:
         # Schema 1 recorded a session's and a rewind's request on their own rows.
         if table == "sessions":
             return {"request_id": request.request_id if request else None}
@@ -374,14 +383,12 @@ class SqliteLedger(SqlLedger):
             return {"fingerprint": request.fingerprint if request else ""}
         return {}
 
-    def _append_event(self, event: NewEvent, stamp: datetime, rewind_id: str | None) -> Work[int]:
-        next_cursor = "UPDATE counters SET value = value + 1 WHERE name = 'event_cursor' RETURNING value"
-        row = (yield next_cursor, ()).one()
+    def append_event(self, event: NewEvent, stamp: datetime, rewind_id: str | None) -> Work[int]:
+        row = (yield _NEXT_CURSOR, ()).one()
         assert row is not None
         cursor = int(row["value"])
         yield (
-            "INSERT INTO events (cursor, kind, session_id, rewind_id, principal, occur_time, data_json)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _APPEND_EVENT,
             (
                 cursor,
                 event.kind,
@@ -393,10 +400,10 @@ class SqliteLedger(SqlLedger):
             ),
         )
         if rewind_id is not None:
-            yield "UPDATE rewinds SET cursor = ? WHERE rewind_id = ?", (cursor, rewind_id)
+            yield _RECORD_CURSOR, (cursor, rewind_id)
         return cursor
 
-    async def _erased(self, tables: Sequence[str], changed: bool) -> None:
+    async def erased(self, tables: Sequence[str], changed: bool) -> None:
         await asyncio.to_thread(self._truncate_wal)
 
     def _truncate_wal(self) -> None:
@@ -413,6 +420,30 @@ class SqliteLedger(SqlLedger):
                 if not busy:
                     return
                 time.sleep(0.02)
+
+
+class SqliteLedger(SqlLedger):
+    """`Ledger` on an SQLite file. Open with `await SqliteLedger.open(path)`."""
+
+    dialect: SqliteDialect
+
+    def __init__(self, path: Path, busy_timeout: float = 5.0) -> None:
+        super().__init__(SqliteDialect(path, busy_timeout))
+        self.path = path
+
+    @classmethod
+    async def open(cls, path: Path, busy_timeout: float = 5.0) -> SqliteLedger:
+        return await asyncio.to_thread(cls, path, busy_timeout)
+
+    # What tests that set the file up by hand reach for (tests/unit/sessions/
+    # test_points_from_the_tail.py); `dialect` holds both.
+
+    @property
+    def _reader(self) -> sqlite3.Connection:
+        return self.dialect._reader
+
+    async def _execute(self, statement: str, *args: Any) -> int:
+        return await self._db.execute(statement, *args)
 
 
 def _pragmas(db: sqlite3.Connection, pragmas: tuple[str, ...]) -> None:

@@ -138,7 +138,7 @@ class _Commits:
             self._postgres(ledger)
 
     def _sqlite(self, ledger: SqliteLedger) -> None:
-        writer, seen = ledger._writer, self.seen
+        writer, seen = ledger.dialect._writer, self.seen
 
         class Spy:
             def execute(self, statement: str, *args: Any) -> sqlite3.Cursor:
@@ -151,12 +151,12 @@ class _Commits:
             def __getattr__(self, name: str) -> Any:
                 return getattr(writer, name)
 
-        ledger._writer = Spy()  # type: ignore[assignment]
+        ledger.dialect._writer = Spy()  # type: ignore[assignment]
 
     def _postgres(self, ledger: PostgresLedger) -> None:
-        write, seen = ledger._write, self.seen
+        write, seen = ledger.dialect._write, self.seen
 
-        async def spied(work: Any, *, fenced: bool = True) -> Any:
+        async def spied(work: Any) -> Any:
             async def body(conn: Any) -> Any:
                 result = await work(conn)
                 row = await (
@@ -165,9 +165,9 @@ class _Commits:
                 seen.append((row["s"],))
                 return result
 
-            return await write(body, fenced=fenced)
+            return await write(body)
 
-        ledger._write = spied  # type: ignore[method-assign]
+        ledger.dialect._write = spied  # type: ignore[method-assign]
 
 
 async def test_an_index_write_that_need_not_be_durable_is_not_fsynced_where_only_the_process_could_lose_it(

@@ -262,7 +262,7 @@ async def test_writes_are_durable_and_read_committed_whatever_the_database_defau
     a = await PostgresLedger.open(postgres_url)
     b = await PostgresLedger.open(postgres_url)
     try:
-        async with a._pool.connection() as conn:
+        async with a.dialect._pool.connection() as conn:
             row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
             assert row is not None and row["synchronous_commit"] == "on"
         # Serializable transactions would fail on the counter row; the ledger's are READ COMMITTED.
@@ -280,7 +280,7 @@ async def test_writes_are_durable_and_read_committed_whatever_the_database_defau
     postgres_server.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = remote_apply')
     ledger = await PostgresLedger.open(postgres_url)
     try:
-        async with ledger._pool.connection() as conn:
+        async with ledger.dialect._pool.connection() as conn:
             row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
             assert row is not None and row["synchronous_commit"] == "remote_apply"
     finally:
@@ -558,8 +558,8 @@ async def test_a_lost_listening_connection_falls_back_to_the_poll_and_listens_ag
     try:
         await a.add_session(NewSession(SID, "/ws/a", {}, True))
         await a.wait_for_events(0.01)
-        assert a._listener is not None
-        pid = a._listener.info.backend_pid
+        assert a.dialect._listener is not None
+        pid = a.dialect._listener.info.backend_pid
         async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
             await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         # The connection is gone: the wait neither raises nor returns early; it lasts the poll.
@@ -569,7 +569,7 @@ async def test_a_lost_listening_connection_falls_back_to_the_poll_and_listens_ag
         assert loop.time() - started >= 0.25
         # The next wait listens on a new connection: another replica's append wakes it.
         await a.wait_for_events(0.01)
-        assert a._listener is not None and a._listener.info.backend_pid != pid
+        assert a.dialect._listener is not None and a.dialect._listener.info.backend_pid != pid
         waiting = asyncio.create_task(a.wait_for_events(60))
         await asyncio.sleep(0.1)
         await _begin(b, "r1", SID)
@@ -583,8 +583,9 @@ async def test_a_lost_listening_connection_falls_back_to_the_poll_and_listens_ag
 async def test_5_a_registration_waits_for_a_write_of_the_old_epoch_in_flight(postgres_url: str) -> None:
     """The fence is the directory's row read FOR SHARE in every write: a new registration of the
     same replica (a new epoch) must wait until a write that passed the check commits, so no write
-    of the old epoch commits after the registration returned. The write is held open after its
-    check (a spy on the transaction), and the registration made on another connection."""
+    of the old epoch commits after the registration returned. The write (a session's creation) is
+    held open after its check and its insert, before its commit (a spy on the transaction), and the
+    registration made on another connection."""
     old = await PostgresLedger.open(postgres_url)
     new = await PostgresLedger.open(postgres_url)
     try:
@@ -592,19 +593,23 @@ async def test_5_a_registration_waits_for_a_write_of_the_old_epoch_in_flight(pos
         old.fence("r", first.epoch)
         checked, release = asyncio.Event(), asyncio.Event()
         committed_at: list[float] = []
+        transaction = old.dialect._write
 
-        async def held(db: Any) -> None:
-            checked.set()
-            await release.wait()
-            await db.execute(
-                "INSERT INTO sessions (session_id, cwd, options, checkpointing, create_time, update_time)"
-                " VALUES (%s, '/ws/held', '{}', true, now(), now())",
-                ("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e70",),
-            )
+        async def held(work: Any) -> Any:
+            async def body(conn: Any) -> Any:
+                result = await work(conn)  # the fence's check first, then the insert
+                checked.set()
+                await release.wait()
+                return result
+
+            return await transaction(body)
+
+        old.dialect._write = held  # type: ignore[method-assign]
 
         async def write() -> None:
-            await old._write(held)
+            await old.add_session(NewSession("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e70", "/ws/held", {}, True))
             committed_at.append(asyncio.get_running_loop().time())
+            old.dialect._write = transaction  # type: ignore[method-assign]
 
         writing = asyncio.create_task(write())
         await checked.wait()
@@ -617,6 +622,7 @@ async def test_5_a_registration_waits_for_a_write_of_the_old_epoch_in_flight(pos
         registered_at = asyncio.get_running_loop().time()
         assert second.epoch == first.epoch + 1
         assert committed_at[0] <= registered_at
+        assert await new.session("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e70") is not None
         # From now on the old epoch's writes are refused.
         with pytest.raises(ReplicaUnavailable):
             await old.add_session(NewSession("0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e71", "/ws/late", {}, True))

@@ -125,7 +125,7 @@ async def test_an_unsynced_write_runs_on_the_loop_and_in_a_thread_only_when_anot
         await waiting
         head = await ledger.points_head(SID)
         assert head is not None and head.count == 3
-        assert ledger._writer.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        assert ledger.dialect._writer.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     finally:
         holder.close()
         await ledger.close()
@@ -283,7 +283,7 @@ async def test_both_connections_overwrite_what_they_delete(tmp_path: Path) -> No
     """SQLite builds differ in their default: the ledger says so itself."""
     ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
     try:
-        for connection in (ledger._writer, ledger._reader):
+        for connection in (ledger.dialect._writer, ledger.dialect._reader):
             assert connection.execute("PRAGMA secure_delete").fetchone()[0] == 1
     finally:
         await ledger.close()

@@ -83,9 +83,9 @@ async def test_a_fenced_replica_cannot_move_a_webhook_cursor(ledger: Ledger) -> 
 
 
 async def test_only_the_newest_failures_are_kept(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent_rewind.store import sql
+    from agent_rewind.store.sql import webhook_cursors
 
-    monkeypatch.setattr(sql, "WEBHOOK_FAILURES_KEPT", 3)
+    monkeypatch.setattr(webhook_cursors, "WEBHOOK_FAILURES_KEPT", 3)
     lease = await ledger.claim_webhook(URL, "pod-0", 30)
     assert lease is not None
     for cursor in await _append(ledger, 5):
