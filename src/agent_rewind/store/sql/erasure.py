@@ -27,6 +27,8 @@ ERASED_TABLES = (
 
 
 class _Sql:
+    """An erasure's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, d: Dialect) -> None:
         s, p = d.SPELLING, d.SPELLING.p
         blanked = "".join(f", {name} = {p}" for name in d.legacy_columns("sessions", None))

@@ -12,6 +12,8 @@ from agent_rewind.store.sql.database import Database
 
 
 class _Sql:
+    """The event log's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         p = s.p
         self.after = f"SELECT * FROM events WHERE cursor > {p} ORDER BY cursor LIMIT {p}"

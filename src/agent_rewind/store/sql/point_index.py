@@ -54,6 +54,8 @@ def _untext(value: str) -> str:
 
 
 class _Sql:
+    """The points index's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         p = s.p
         heads, points = ", ".join(_HEAD_COLUMNS), ", ".join(_POINT_COLUMNS)

@@ -33,6 +33,8 @@ class Fence:
 
 
 class _Sql:
+    """The directory's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         p = s.p
         replica = f"replica_id, address, epoch, lease_expires, lease_expires > {s.clock} AS alive"

@@ -13,6 +13,8 @@ from agent_rewind.store.sql.database import Database
 
 
 class _Sql:
+    """The requests table's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         p = s.p
         self.insert = (

@@ -23,6 +23,8 @@ from agent_rewind.store.sql.request_ids import SqlRequests
 
 
 class _Sql:
+    """Rewinds' and cuts' statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, d: Dialect) -> None:
         s, p = d.SPELLING, d.SPELLING.p
         columns = (

@@ -19,6 +19,8 @@ from agent_rewind.store.sql.request_ids import SqlRequests
 
 
 class _Sql:
+    """A session's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, d: Dialect) -> None:
         s, p = d.SPELLING, d.SPELLING.p
         columns = (
@@ -139,6 +141,8 @@ class SqlSessions:
 
 
 class _EgressSql:
+    """The egress table's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         self.record = (
             f"INSERT INTO egress (session_id, prompt_id, host, port) VALUES ({s.marks(4)})"

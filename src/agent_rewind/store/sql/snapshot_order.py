@@ -8,6 +8,8 @@ from agent_rewind.store.sql.database import Database
 
 
 class _Sql:
+    """The snapshots table's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         p = s.p
         self.insert = (

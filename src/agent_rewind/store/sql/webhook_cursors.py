@@ -21,6 +21,8 @@ WEBHOOK_FAILURES_KEPT = 1000
 
 
 class _Sql:
+    """Webhook delivery's statements, as the dialect spells them: made once, with the ledger."""
+
     def __init__(self, s: Spelling) -> None:
         p, clock = s.p, s.clock
         self.first_seen = (
