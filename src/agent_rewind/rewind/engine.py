@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -38,20 +36,19 @@ from agent_rewind.errors import (
     WorkspaceOutsideRoot,
 )
 from agent_rewind.rewind import checkpoints, side_effects, workspace
+from agent_rewind.rewind.calls import RewindRequest, UndoRequest, recorded
 from agent_rewind.rewind.intent import Applied, FilesBefore, Intent, SnapshotRestore
 from agent_rewind.rewind.outcome import (
     ConversationHalf,
     FilesHalf,
-    Mode,
     RefusedHalf,
     RewindOutcome,
     event_data,
-    recorded,
     refuse,
 )
 from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.side_effects import SideEffect
-from agent_rewind.rewind.undo import Undo, UndoRequest, capture_paths
+from agent_rewind.rewind.undo import Undo, capture_paths
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
@@ -60,7 +57,6 @@ from agent_rewind.store.ledger import (
     EventRecord,
     Ledger,
     NewEvent,
-    NewRequest,
     NewRewind,
     RewindRecord,
 )
@@ -71,24 +67,6 @@ log = structlog.get_logger(__name__)
 
 # How long the start may spend finishing one session's interrupted rewinds (`recover`).
 RECOVERY_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class RewindRequest:
-    session_id: str
-    message_id: str
-    mode: Mode
-    expected_last_message_id: str | None = None
-    request_id: str | None = None
-    principal: str = ""
-    conflict_policy: str = workspace.REFUSE
-    include_diff: bool = False  # DryRun only
-
-    def fingerprint(self) -> str:
-        call: list[Any] = [self.session_id, self.message_id, self.mode.value, self.expected_last_message_id]
-        if self.conflict_policy != workspace.REFUSE:  # the fingerprints of older calls stay as they were
-            call.append(self.conflict_policy)
-        return json.dumps(call)
 
 
 @dataclass(frozen=True)
@@ -143,7 +121,7 @@ class RewindEngine:
     async def undo(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
         """UndoRewind (or its preview): all or nothing, durable, idempotent by request id; run
         in a task of its own like a rewind, so a caller that hangs up does not cut it short."""
-        previous = await self._undo.previous(req)
+        previous = await recorded(self._ledger, req)
         if previous is not None and previous.state == "applied" and not req.validate_only:
             assert previous.result is not None
             return RewindOutcome.from_json(previous.result)
@@ -151,7 +129,7 @@ class RewindEngine:
         async def run() -> RewindOutcome:
             async with worker.exclusive():
                 await self.resolve_pending(worker)
-                again = await self._undo.previous(req)
+                again = await recorded(self._ledger, req)
                 if again is not None and not req.validate_only:
                     assert again.result is not None
                     return RewindOutcome.from_json(again.result)
@@ -352,15 +330,6 @@ class RewindEngine:
                 last = plan.index.view(plan.point.anchor).last_message_id
         return RewindOutcome("", plan.files, plan.conversation, last, plan.side_effects)
 
-    def _request(self, req: RewindRequest) -> NewRequest | None:
-        if not req.request_id:
-            return None
-        return NewRequest(req.request_id, "Rewind", req.fingerprint(), req.session_id)
-
-    async def _previous(self, req: RewindRequest) -> RewindRecord | None:
-        """The rewind this request id started, if any; REQUEST_ID_REUSED for another call."""
-        return await recorded(self._ledger, self._request(req))
-
     async def rewind(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
         """Applies a rewind, all of it or nothing.
 
@@ -368,7 +337,7 @@ class RewindEngine:
         files may already be restored), and a retry with the same request_id gets its result.
         """
         # A retry of an applied rewind gets its result whatever the session does now.
-        previous = await self._previous(req)
+        previous = await recorded(self._ledger, req)
         if previous is not None and previous.state == "applied":
             assert previous.result is not None
             return RewindOutcome.from_json(previous.result)
@@ -391,7 +360,7 @@ class RewindEngine:
             try:
                 async with contextlib.nullcontext() if held else worker.exclusive():
                     await self.resolve_pending(worker)
-                    previous = await self._previous(req)
+                    previous = await recorded(self._ledger, req)
                     if previous is not None:  # finished just now by resolve_pending, or before
                         assert previous.result is not None
                         outcome = "retried"
@@ -460,7 +429,7 @@ class RewindEngine:
                     mode=req.mode.value,
                     plan=intent.to_json(),
                     principal=req.principal,
-                    request=self._request(req),
+                    request=req.request(),
                 )
             )
         faults.point("rewind.intent_recorded")

@@ -1,6 +1,5 @@
 """What a rewind (or an undo) did, or would do: the result both halves report, kept in the ledger
-as JSON and turned into events, and the record a request id started. Shared by the engine and the
-undo, which build on it."""
+as JSON and turned into events. Shared by the engine and the undo, which build on it."""
 
 from __future__ import annotations
 
@@ -8,9 +7,8 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent_rewind.errors import AgentRewindError, RequestIdReused
+from agent_rewind.errors import AgentRewindError
 from agent_rewind.rewind.side_effects import SideEffect
-from agent_rewind.store.ledger import Ledger, NewRequest, RewindRecord
 
 
 class Mode(enum.Enum):
@@ -134,17 +132,3 @@ def event_data(target: str, mode: str, outcome: RewindOutcome, owner: str) -> di
         "conversation_changed": outcome.conversation.rewound,
         "last_message_id": outcome.last_message_id,
     }
-
-
-async def recorded(ledger: Ledger, request: NewRequest | None) -> RewindRecord | None:
-    """The rewind (or undo) this request id started, if any; REQUEST_ID_REUSED when the id was
-    used for another call."""
-    if request is None:
-        return None
-    found = await ledger.request(request.request_id)
-    if found is None:
-        return None
-    if not found.same_call(request):
-        raise RequestIdReused(request.request_id)
-    rewind_id = (found.result or {}).get("rewind_id")
-    return await ledger.rewind(str(rewind_id)) if rewind_id else None

@@ -17,7 +17,6 @@ transcript, on their branch). An undo cannot itself be undone; a new rewind may 
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,8 +27,9 @@ import structlog
 from agent_rewind import faults
 from agent_rewind.errors import ExternalChanges, FilesUnavailable, StorageUnavailable, UndoUnavailable
 from agent_rewind.rewind import workspace
+from agent_rewind.rewind.calls import UndoRequest
 from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
-from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data, recorded
+from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data
 from agent_rewind.rewind.session import RewindSession
 from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
@@ -38,31 +38,12 @@ from agent_rewind.store.ledger import (
     EventRecord,
     Ledger,
     NewEvent,
-    NewRequest,
     NewRewind,
     RewindRecord,
 )
 from agent_rewind.transcript.index import Reading
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class UndoRequest:
-    session_id: str
-    rewind_id: str
-    request_id: str | None = None
-    conflict_policy: str = workspace.REFUSE
-    validate_only: bool = False
-    principal: str = ""
-
-    def fingerprint(self) -> str:
-        return json.dumps([self.session_id, self.rewind_id, self.conflict_policy])
-
-    def request(self) -> NewRequest | None:
-        if not self.request_id:
-            return None
-        return NewRequest(self.request_id, "UndoRewind", self.fingerprint(), self.session_id)
 
 
 def capture_paths(cwd: str, files_changed: tuple[str, ...]) -> list[str] | None:
@@ -98,10 +79,6 @@ class Undo:
         self._ledger = ledger
         self._snapshots = snapshots
         self._publish = publish
-
-    async def previous(self, req: UndoRequest) -> RewindRecord | None:
-        """The undo this request id started, if any; REQUEST_ID_REUSED for another call."""
-        return await recorded(self._ledger, req.request())
 
     async def _target(self, worker: RewindSession, req: UndoRequest) -> tuple[RewindRecord, Reading]:
         applied = [r for r in await self._ledger.rewinds(worker.session_id) if r.state == "applied"]

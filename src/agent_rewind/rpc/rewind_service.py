@@ -15,8 +15,8 @@ from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_p
 from agent_rewind.errors import InvalidArgument, NotServed, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.replicas import Elsewhere, Membership
-from agent_rewind.rewind.engine import RewindEngine, RewindRequest
-from agent_rewind.rewind.undo import UndoRequest
+from agent_rewind.rewind.calls import RewindRequest, UndoRequest
+from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.caches import ServiceCaches, WatchStreams

@@ -12,7 +12,8 @@ from google.protobuf import empty_pb2
 from agent_rewind import workspace_paths
 from agent_rewind.access import Permission
 from agent_rewind.api.v1 import session_pb2, session_service_pb2, session_service_pb2_grpc
-from agent_rewind.rewind.engine import RewindEngine, RewindRequest
+from agent_rewind.rewind.calls import RewindRequest
+from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current, forwarded_by
 from agent_rewind.rpc.forwarding import Forwarder

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from agent_rewind.rewind.engine import RewindEngine, RewindRequest
+from agent_rewind.rewind.calls import RewindRequest, UndoRequest
+from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rewind.outcome import Mode
-from agent_rewind.rewind.undo import UndoRequest
 from agent_rewind.sessions.events import ResultEvent
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots import Limits
