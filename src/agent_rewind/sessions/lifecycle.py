@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_rewind import tasks
 from agent_rewind.errors import (
@@ -26,17 +26,49 @@ from agent_rewind.errors import (
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
 from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer
+from agent_rewind.sessions.points import SessionPoints
+from agent_rewind.sessions.state import SessionState
+from agent_rewind.sessions.view import TranscriptView
+from agent_rewind.snapshots.taking import Snapshots
+from agent_rewind.store.ledger import Ledger
 from agent_rewind.transcript import compaction
 
-if TYPE_CHECKING:
-    from agent_rewind.sessions.worker import SessionWorker, WorkerContext
+
+@dataclass(frozen=True)
+class Settings:
+    """What the server sets for every session's process."""
+
+    ledger: Ledger
+    cli_env: Mapping[str, str]
+    project_settings: bool
+    idle_timeout: float
+    snapshots: Snapshots | None
+
+
+@dataclass(frozen=True)
+class Others:
+    """The calls the lifecycle makes of the session's other parts."""
+
+    interrupt: Callable[[], Awaitable[None]]  # the running turn asked to stop (then killed)
+    end_turns: Callable[[float], Awaitable[None]]  # a running turn given its grace at shutdown
+    forget: Callable[[], None]  # what a hibernated session need not hold, freed
 
 
 class Lifecycle:
-    def __init__(self, worker: SessionWorker, ctx: WorkerContext, log: Any) -> None:
-        self._worker = worker
-        self._ctx = ctx
-        self._log = log
+    def __init__(
+        self,
+        state: SessionState,
+        view: TranscriptView,
+        points: SessionPoints,
+        settings: Settings,
+        others: Others,
+    ) -> None:
+        self._state = state
+        self._view = view
+        self._points = points
+        self._ctx = settings
+        self._others = others
+        self._log = state.log
         self._idle_timer: asyncio.TimerHandle | None = None
         # This session's detached work (a prewarm, an idle hibernation): awaited at its shutdown.
         self.background: set[asyncio.Task[None]] = set()
@@ -45,8 +77,8 @@ class Lifecycle:
 
     async def _spec(self) -> ClientSpec:
         """How to start the CLI now: resumed at the leaf the service shows, or fresh."""
-        w = self._worker
-        view = await w.view()
+        w = self._state
+        view = await self._view.view()
         leaf = view.leaf
         return ClientSpec(
             session_id=w.session_id,
@@ -66,7 +98,7 @@ class Lifecycle:
 
     async def ensure_client(self) -> AgentClient:
         """The live client, started (or resumed) if needed. Call under the lock."""
-        w = self._worker
+        w = self._state
         w.check_not_deleted()
         client = w.process.client
         if client is not None and client.alive:
@@ -79,9 +111,9 @@ class Lifecycle:
             await w.process.settle()  # no process of the session writes its transcript now
             # A leaf before the CLI's newest compaction is resumed through a copy of its
             # conversation (transcript/compaction.py), written now, before the CLI reads.
-            at = await w.resume_point(spec.resume_session_at)
+            at = await self._view.resume_point(spec.resume_session_at)
             spec = replace(spec, resume_session_at=at)
-            await asyncio.to_thread(pin_leaf, w.transcript_file, w.session_id, at)
+            await asyncio.to_thread(pin_leaf, self._view.index().path, w.session_id, at)
         client = await w.process.start(spec)
         if not w.record.started:
             await self._ctx.ledger.touch_session(w.session_id, started=True)
@@ -94,23 +126,23 @@ class Lifecycle:
         try:
             return await client.rewind_files(message_id, dry_run=dry_run)
         except AgentError as err:
-            self._worker.process.let_go()
-            raise AgentUnavailable(self._worker.session_id, str(err)) from err
+            self._state.process.let_go()
+            raise AgentUnavailable(self._state.session_id, str(err)) from err
 
     async def cut_conversation(self, target: str) -> None:
         """Cuts the live process's conversation before `target` in place, or lets it go and
-        prewarms a new one resuming at the cut (see `SessionWorker.cut_conversation`)."""
-        w = self._worker
+        prewarms a new one resuming at the cut (see `worker.SessionWorker.cut_conversation`)."""
+        w = self._state
         client = w.process.client
         if client is None or not client.alive:
             return
         # The CLI knows its own entries: a copy's uuid, not the id a client sees; and it no longer
         # holds a prompt from before its newest compaction (it refuses; a new process resumes).
-        view = w.transcript_view()
+        view = self._view.index().view()
         newest = view.points
         cut = view.find(target)
         newest_entry = view.find(newest[-1].message_id) if newest else None
-        if cut is not None and not compaction.resumable(await w.catch_up(), cut.parent_uuid):
+        if cut is not None and not compaction.resumable(await self._view.catch_up(), cut.parent_uuid):
             self._log.info("cut to before a compaction: resuming a new process", target=target)
             self.replace_process()
             return
@@ -129,7 +161,7 @@ class Lifecycle:
 
     def replace_process(self) -> None:
         """Lets the live process go; a new one starts in the background once the lock is free."""
-        w = self._worker
+        w = self._state
         w.process.let_go()
         if not w.record.closed and not w.status.stopping:
             self._in_background(self._prewarm(), f"prewarm-{w.session_id}")
@@ -140,7 +172,7 @@ class Lifecycle:
         task.add_done_callback(self.background.discard)
 
     async def _prewarm(self) -> None:
-        w = self._worker
+        w = self._state
         async with w.lock:
             if w.process.client is not None or w.record.closed or w.status.stopping or w.gone:
                 return
@@ -156,20 +188,20 @@ class Lifecycle:
 
     def after_exclusive_use(self) -> None:
         """Called when a rewind or other exclusive work ends: closed sessions give their process back."""
-        if self._worker.record.closed:
-            self._worker.process.let_go()
+        if self._state.record.closed:
+            self._state.process.let_go()
         else:
             self.arm_idle_timer()
 
     async def close(self, *, force: bool) -> None:
-        """CloseSession (see `SessionWorker.close`)."""
-        w = self._worker
+        """CloseSession (see `worker.SessionWorker.close`)."""
+        w = self._state
         w.check_not_deleted()
         turn = w.status.claimed
         if turn is not None:
             if not force:
                 raise TurnInFlight(w.session_id)
-            await w.interrupt()
+            await self._others.interrupt()
             await turn.wait()
         async with w.lock:
             w.check_not_deleted()
@@ -178,17 +210,17 @@ class Lifecycle:
             await w.process.settle()
             w.update_time = await self._ctx.ledger.touch_session(w.session_id, closed=True)
             w.record = replace(w.record, closed=True)
-            await w.points.current_quietly()
+            await self._points.current_quietly()
 
     @contextlib.asynccontextmanager
     async def retiring(self) -> AsyncIterator[None]:
-        """DeleteSession's hold on the session (see `SessionWorker.retiring`)."""
-        w = self._worker
+        """DeleteSession's hold on the session (see `worker.SessionWorker.retiring`)."""
+        w = self._state
         w.status.retire()
         try:
             turn = w.status.claimed
             if turn is not None:
-                await w.interrupt()
+                await self._others.interrupt()
                 await turn.wait()
             async with w.lock:
                 self.cancel_idle_timer()
@@ -201,7 +233,7 @@ class Lifecycle:
 
     async def hibernate(self) -> None:
         """Gives the process back (the idle timer). Skipped when the session is in use."""
-        w = self._worker
+        w = self._state
         if w.lock.locked():
             return
         async with w.lock:
@@ -212,7 +244,7 @@ class Lifecycle:
     async def evict(self) -> bool:
         """Hibernates the session now for another's live slot: True once its process has exited,
         False when it is busy (a turn running, a rewind holding the lock)."""
-        w = self._worker
+        w = self._state
         if w.lock.locked() or w.turn_running:
             return False
         async with w.lock:  # free, so taken at once
@@ -223,21 +255,21 @@ class Lifecycle:
     async def _let_go_and_forget(self) -> None:
         """Ends the process and frees what a hibernated session need not hold: its transcript
         index and remembered turns come back from the disk and the ledger when next needed."""
-        w = self._worker
+        w = self._state
         w.process.let_go()
         await w.process.settle()
-        await w.points.current_quietly()  # what the process wrote at exit; it holds nothing now
-        w.forget()
+        await self._points.current_quietly()  # what the process wrote at exit; it holds nothing now
+        self._others.forget()
         if self._ctx.snapshots is not None:
             self._ctx.snapshots.forget(w.session_id)
 
     def arm_idle_timer(self) -> None:
         self.cancel_idle_timer()
-        if self._ctx.idle_timeout > 0 and not self._worker.status.stopping:
+        if self._ctx.idle_timeout > 0 and not self._state.status.stopping:
             loop = asyncio.get_running_loop()
             self._idle_timer = loop.call_later(
                 self._ctx.idle_timeout,
-                lambda: self._in_background(self.hibernate(), f"hibernate-{self._worker.session_id}"),
+                lambda: self._in_background(self.hibernate(), f"hibernate-{self._state.session_id}"),
             )
 
     def cancel_idle_timer(self) -> None:
@@ -248,10 +280,10 @@ class Lifecycle:
     async def shutdown(self, grace: float) -> None:
         """Gives a running turn `grace` seconds and a rewind in progress its time to finish, then
         ends the CLI process whatever happens."""
-        w = self._worker
+        w = self._state
         w.status.stop()
         self.cancel_idle_timer()
-        await w.turns.end(grace)
+        await self._others.end_turns(grace)
         # A rewind holds the lock while it applies: let it finish (its control requests are bounded).
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace + 35):

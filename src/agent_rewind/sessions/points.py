@@ -25,13 +25,14 @@ import functools
 import hashlib
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from agent_rewind import faults, tasks
+from agent_rewind.sessions.state import SessionState
 from agent_rewind.sessions.view import READ_INLINE_BYTES, TranscriptView
 from agent_rewind.store.ledger import Ledger, PointIndex, PointRow, PointsHead, PointsUpdate
 from agent_rewind.transcript.entries import (
@@ -44,9 +45,6 @@ from agent_rewind.transcript.entries import (
 from agent_rewind.transcript.records import Entry
 from agent_rewind.transcript.tail import read_tail
 from agent_rewind.transcript.view import ConversationView
-
-if TYPE_CHECKING:
-    from agent_rewind.sessions.worker import SessionWorker
 
 # How much of the transcript before `covered` the head's digest checks (a file replaced or
 # rewritten under the index is read whole again).
@@ -178,14 +176,24 @@ def _seed_entries(seed: dict[str, Any]) -> list[tuple[Entry, str]]:
 
 
 class SessionPoints:
-    """The points index of one session, as its owner keeps it (`SessionWorker.points`)."""
+    """The points index of one session, as its owner keeps it (`worker.SessionWorker.points`).
 
-    def __init__(self, worker: SessionWorker, transcript: TranscriptView, ledger: Ledger, log: Any) -> None:
-        self._worker = worker
+    `holds_newest`: whether the live process ran the newest prompt (it holds that prompt's
+    checkpoint before the CLI writes it down)."""
+
+    def __init__(
+        self,
+        state: SessionState,
+        transcript: TranscriptView,
+        ledger: Ledger,
+        holds_newest: Callable[[], bool],
+    ) -> None:
+        self._state = state
         self._transcript = transcript
-        self._session_id = worker.session_id
+        self._session_id = state.session_id
         self._ledger = ledger
-        self._log = log
+        self._log = state.log
+        self._holds_newest = holds_newest
         self._head: PointsHead | None = None
         self._head_read = False
         # What the index was last made from: (view, transcript bytes, cut, holds_newest).
@@ -298,7 +306,7 @@ class SessionPoints:
     async def _record(self, touch: bool) -> datetime | None:
         view = await self._transcript.view()
         index = self._transcript.index()
-        covered, cut, holds = index.size, self._transcript.cut, self._worker.holds_newest_checkpoint
+        covered, cut, holds = index.size, self._transcript.cut, self._holds_newest()
         if self._synced == (view, covered, cut, holds) and not touch:
             return None
         update = await self.update_for(view, index.path, covered, cut, holds)
@@ -311,7 +319,7 @@ class SessionPoints:
             stamp = await self._ledger.record_points(update, touch=touch, durable=touch)
             self.applied(update, view, covered, cut)
         if stamp is not None:
-            self._worker.update_time = stamp
+            self._state.update_time = stamp
         return stamp
 
     async def current_head(self) -> PointsHead:
@@ -341,9 +349,7 @@ class SessionPoints:
             # Read up to date (a recovery at start may not have read the transcript yet).
             index = await self._transcript.catch_up()
             view, covered = index.view(leaf), index.size
-            update = await self.update_for(
-                view, index.path, covered, leaf, self._worker.holds_newest_checkpoint
-            )
+            update = await self.update_for(view, index.path, covered, leaf, self._holds_newest())
             yield update
             if update is not None:
                 self.applied(update, view, covered, leaf)
@@ -361,7 +367,7 @@ class SessionPoints:
                 await self._record(False)
                 return
             path = self._transcript.index().path
-            await self._refresh(path, self._worker.holds_newest_checkpoint)
+            await self._refresh(path, self._holds_newest())
 
     # Without a view: from the head and the transcript's tail (a start, a wake, a takeover)
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent_rewind import faults, tasks, tracing
 from agent_rewind.errors import (
@@ -27,12 +27,12 @@ from agent_rewind.errors import (
 from agent_rewind.sessions import requests
 from agent_rewind.sessions.adapter import AgentClient, AgentError
 from agent_rewind.sessions.events import PromptEvent, ResultEvent
+from agent_rewind.sessions.points import SessionPoints
+from agent_rewind.sessions.state import SessionState
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
-from agent_rewind.snapshots.taking import TURN_END, TURN_START
-from agent_rewind.store.ledger import NewRequest, RequestIdTaken, dumps
-
-if TYPE_CHECKING:
-    from agent_rewind.sessions.worker import SessionWorker, WorkerContext
+from agent_rewind.sessions.view import TranscriptView
+from agent_rewind.snapshots.taking import TURN_END, TURN_START, Snapshots
+from agent_rewind.store.ledger import Ledger, NewRequest, RequestIdTaken, dumps
 
 # How many recent turns a retried Prompt (same request_id) re-attaches to in memory, per session;
 # older ones are replayed from the ledger.
@@ -44,11 +44,46 @@ _ECHO_TO_TRANSCRIPT = 5.0
 _CANCELLED = "the turn was cancelled by a server shutdown"
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What the server sets for every session's turns."""
+
+    ledger: Ledger
+    snapshots: Snapshots | None
+    snapshot_retention: int
+    # Seconds a turn may ignore Interrupt before its process is killed.
+    interrupt_timeout: float
+    # Finishes the session's pending rewind intents (under the lock, before the turn runs).
+    resolve_pending: Callable[[], Awaitable[None]]
+    # Raises (QuotaExceeded) when the session's principal may not start another turn now.
+    admit_turn: Callable[[], None]
+
+
+class Process(Protocol):
+    """What turns ask of the session's process over time (`lifecycle.Lifecycle` is it)."""
+
+    async def ensure_client(self) -> AgentClient: ...
+
+    def cancel_idle_timer(self) -> None: ...
+
+    def arm_idle_timer(self) -> None: ...
+
+
 class TurnRunner:
-    def __init__(self, worker: SessionWorker, ctx: WorkerContext, log: Any) -> None:
-        self._worker = worker
-        self._ctx = ctx
-        self._log = log
+    def __init__(
+        self,
+        state: SessionState,
+        view: TranscriptView,
+        points: SessionPoints,
+        process: Process,
+        settings: Settings,
+    ) -> None:
+        self._state = state
+        self._view = view
+        self._points = points
+        self._process = process
+        self._ctx = settings
+        self._log = state.log
         # The last turn accepted (running or ended), and the task that runs it.
         self._turn: Turn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -61,8 +96,8 @@ class TurnRunner:
         self._by_request.clear()
 
     async def start(self, text: str, request_id: str, prelude: Prelude | None, prelude_key: Any) -> Turn:
-        """Accepts a prompt and returns its turn (see `SessionWorker.start_turn`)."""
-        w = self._worker
+        """Accepts a prompt and returns its turn (see `worker.SessionWorker.start_turn`)."""
+        w = self._state
         w.check_not_deleted()
         request: NewRequest | None = None
         if request_id:
@@ -74,7 +109,7 @@ class TurnRunner:
         w.check_no_turn()
         if w.status.stopping:
             raise ShuttingDown()
-        self._ctx.admit_turn(w)
+        self._ctx.admit_turn()
         turn = Turn(w.session_id, text, request_id=request_id, prelude=prelude)
         # Claimed, and the current turn, before the first await: an Interrupt or a close that
         # comes while the request is being recorded finds it.
@@ -115,7 +150,7 @@ class TurnRunner:
 
     async def _known_turn(self, request: NewRequest, text: str) -> Turn | None:
         """The turn a request id already started, if any (in memory, or recorded)."""
-        sid = self._worker.session_id
+        sid = self._state.session_id
         known = self._by_request.get(request.request_id)
         recorded = await requests.recorded(self._ctx.ledger, request)
         if recorded is None:
@@ -128,7 +163,7 @@ class TurnRunner:
         # transcript the turn ran (in part): report it, never run it twice. If not, it never ran:
         # forget the request and run it now.
         prompt_id = str((recorded.result or {}).get("prompt_id") or "")
-        if prompt_id and (await self._worker.catch_up()).get(prompt_id) is not None:
+        if prompt_id and (await self._view.catch_up()).get(prompt_id) is not None:
             cut_short = {
                 "prompt_id": prompt_id,
                 "error": {
@@ -142,7 +177,7 @@ class TurnRunner:
         return None
 
     async def _run(self, turn: Turn) -> None:
-        w = self._worker
+        w = self._state
         error: AgentRewindError | None = None
         locked = False
         announcer: asyncio.Task[None] | None = None
@@ -150,13 +185,13 @@ class TurnRunner:
             faults.point("turn.accepted")
             await w.lock.acquire()
             locked = True
-            w.lifecycle.cancel_idle_timer()
-            await self._ctx.resolve_pending(w)
+            self._process.cancel_idle_timer()
+            await self._ctx.resolve_pending()
             if turn.prelude is not None:
                 opening = await turn.prelude()
                 if opening is not None:
                     await turn.publish(opening)
-            client = await w.ensure_client()
+            client = await self._process.ensure_client()
             if w.record.closed:
                 await self._ctx.ledger.touch_session(w.session_id, closed=False)
                 w.record = replace(w.record, closed=False)
@@ -226,20 +261,19 @@ class TurnRunner:
                     ending = AgentUnavailable(w.session_id, _CANCELLED)
                 await tasks.shielded(turn.finish(ending), name=f"end-turn-{w.session_id}")
                 if not w.status.stopping:
-                    w.lifecycle.arm_idle_timer()
+                    self._process.arm_idle_timer()
             if cancelled:
                 raise asyncio.CancelledError
 
     async def _record(self, turn: Turn, error: AgentRewindError | None) -> AgentRewindError | None:
         """The turn's bookkeeping. A failed write (disk full, database locked) is reported to the
         turn's callers but stops nothing: the lock is released and the stream ends regardless."""
-        w = self._worker
         failure: AgentRewindError | None = None
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
         if turn.sent:
             steps.append(("snapshot", lambda: self._snapshot(TURN_END, turn.prompt_id)))
             # The session's update_time and its points index, in one transaction.
-            steps.append(("points", lambda: w.points.record(touch=True)))
+            steps.append(("points", lambda: self._points.record(touch=True)))
         if turn.request_id and not turn.sent:
             # It never reached the CLI: nothing ran, so a retry with its request id runs it.
             self._by_request.pop(turn.request_id, None)
@@ -261,7 +295,7 @@ class TurnRunner:
     async def _snapshot(self, kind: str, prompt_id: str) -> None:
         """Snapshots the workspace at a turn's start or end, when the session has snapshots on.
         A snapshot that fails is recorded as incomplete (or logged): it never fails the turn."""
-        w = self._worker
+        w = self._state
         snaps = self._ctx.snapshots
         if snaps is None or not w.record.workspace_snapshots:
             return
@@ -279,7 +313,7 @@ class TurnRunner:
         announces anyway (the turn's events must not wait behind it)."""
         deadline = None if within is None else asyncio.get_running_loop().time() + within
         while not turn.announced:
-            index = await self._worker.catch_up()
+            index = await self._view.catch_up()
             late = deadline is not None and asyncio.get_running_loop().time() > deadline
             if index.get(turn.prompt_id) is not None or late:
                 if late:
@@ -299,8 +333,8 @@ class TurnRunner:
     # Interrupts
 
     async def interrupt(self) -> None:
-        """Stops the turn in flight (see `SessionWorker.interrupt`)."""
-        turn, client = self._turn, self._worker.process.client
+        """Stops the turn in flight (see `worker.SessionWorker.interrupt`)."""
+        turn, client = self._turn, self._state.process.client
         if turn is None or turn.done:
             return
         turn.interrupted = True
@@ -312,7 +346,7 @@ class TurnRunner:
         turn.interrupted = True
         if turn.watchdog is None:
             turn.watchdog = tasks.detach(
-                self._stop_if_stuck(turn), name=f"interrupt-{self._worker.session_id}"
+                self._stop_if_stuck(turn), name=f"interrupt-{self._state.session_id}"
             )
         try:
             # A CLI that does not answer is the watchdog's to end; the caller does not wait for it.
@@ -322,7 +356,7 @@ class TurnRunner:
         except AgentError as err:
             self._log.warning("interrupt failed; the turn is ended by killing its process", error=str(err))
             turn.killed = True
-            await self._worker.process.kill()
+            await self._state.process.kill()
 
     async def _stop_if_stuck(self, turn: Turn) -> None:
         try:
@@ -330,7 +364,7 @@ class TurnRunner:
         except TimeoutError:
             self._log.warning("turn ignored Interrupt", seconds=self._ctx.interrupt_timeout)
             turn.killed = True
-            await self._worker.process.kill()
+            await self._state.process.kill()
 
     async def end(self, grace: float) -> None:
         """At shutdown: gives a running turn `grace` seconds to end, then cancels it."""

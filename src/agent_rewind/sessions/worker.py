@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from agent_rewind import tasks
-from agent_rewind.errors import SessionNotFound, TurnInFlight
+from agent_rewind.sessions import lifecycle, running
 from agent_rewind.sessions.adapter import AgentClient
 from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.lifecycle import Lifecycle
@@ -42,7 +42,8 @@ from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.points import SessionPoints
 from agent_rewind.sessions.process import AgentProcess, ClientFactory
 from agent_rewind.sessions.running import TurnRunner
-from agent_rewind.sessions.status import State, Status
+from agent_rewind.sessions.state import SessionState
+from agent_rewind.sessions.status import State
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.sessions.view import TranscriptView
 from agent_rewind.snapshots.taking import Snapshots
@@ -94,20 +95,15 @@ class WorkerContext:
 class SessionWorker:
     def __init__(self, record: SessionRecord, ctx: WorkerContext) -> None:
         self._ctx = ctx
-        self.record = record
         self.session_id = record.session_id
-        self.lock = asyncio.Lock()
         self._log = log.bind(session_id=self.session_id)
-        self.update_time: datetime = record.update_time
         # Where the CLI keeps this session's file backups (its checkpoints' content).
         self.file_history = ctx.claude_config_dir / "file-history" / self.session_id
-        # The parts reach each other through the worker, and only once it is built.
-        self.lifecycle = Lifecycle(self, ctx, self._log)
-        self.turns = TurnRunner(self, ctx, self._log)
-        self.process = AgentProcess(
-            self.session_id, ctx.client_factory, self._log, ctx.live, self.lifecycle.evict
-        )
-        self.status = Status(self.process)
+        # The session's state, which its parts share; each part reaches another only through
+        # the calls it is given here.
+        process = AgentProcess(self.session_id, ctx.client_factory, self._log, ctx.live, self._evict)
+        self._state = SessionState(record, process, self._log)
+        self.process, self.status, self.lock = process, self._state.status, self._state.lock
         self._view = TranscriptView(
             session_id=self.session_id,
             cwd=record.cwd,
@@ -115,12 +111,59 @@ class SessionWorker:
             ledger=ctx.ledger,
             log=self._log,
         )
-        self.points = SessionPoints(self, self._view, ctx.ledger, self._log)  # the points index
+        self.points = SessionPoints(  # the points index
+            self._state, self._view, ctx.ledger, lambda: self.holds_newest_checkpoint
+        )
+        self.lifecycle = Lifecycle(
+            self._state,
+            self._view,
+            self.points,
+            lifecycle.Settings(
+                ledger=ctx.ledger,
+                cli_env=ctx.cli_env,
+                project_settings=ctx.project_settings,
+                idle_timeout=ctx.idle_timeout,
+                snapshots=ctx.snapshots,
+            ),
+            lifecycle.Others(interrupt=self.interrupt, end_turns=self._end_turns, forget=self.forget),
+        )
+        self.turns = TurnRunner(
+            self._state,
+            self._view,
+            self.points,
+            self.lifecycle,
+            running.Settings(
+                ledger=ctx.ledger,
+                snapshots=ctx.snapshots,
+                snapshot_retention=ctx.snapshot_retention,
+                interrupt_timeout=ctx.interrupt_timeout,
+                resolve_pending=lambda: ctx.resolve_pending(self),
+                admit_turn=lambda: ctx.admit_turn(self),
+            ),
+        )
         # Run once, the next time the session frees what a hibernated session need not hold.
         self._on_forget: list[Callable[[], None]] = []
         self._reached: set[tuple[str, str, int]] = set()  # (prompt, host, port) kept as egress
         self._keeping: set[asyncio.Task[None]] = set()  # their ledger writes, until done
         self._egress: list[EgressRecord] | None = None  # what the ledger holds of them, once read
+
+    async def _evict(self) -> bool:
+        return await self.lifecycle.evict()
+
+    async def _end_turns(self, grace: float) -> None:
+        await self.turns.end(grace)
+
+    @property
+    def record(self) -> SessionRecord:
+        return self._state.record
+
+    @record.setter
+    def record(self, value: SessionRecord) -> None:
+        self._state.record = value
+
+    @property
+    def update_time(self) -> datetime:
+        return self._state.update_time
 
     # State
 
@@ -165,13 +208,11 @@ class SessionWorker:
         return self.process.alive and self.process.pid == self.turns.newest_pid
 
     def check_no_turn(self) -> None:
-        if self.turn_running:
-            raise TurnInFlight(self.session_id)
+        self._state.check_no_turn()
 
     def check_not_deleted(self) -> None:
         """SESSION_NOT_FOUND for work that reached the session while it was being deleted."""
-        if self.gone:
-            raise SessionNotFound(self.session_id)
+        self._state.check_not_deleted()
 
     # The transcript, as the service shows it (view.py)
 
