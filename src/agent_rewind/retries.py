@@ -6,7 +6,7 @@ that finds its id already recorded is a retry when it is the same call (the same
 same arguments, on the same session): it is answered as the first one was. Any other call under
 that id is REQUEST_ID_REUSED.
 
-(Not `rpc/requests.py`, which checks a request's fields, nor `sessions/requests.py`, a new
+(Not `rpc/requests.py`, which checks a request's fields, nor `sessions/new_session.py`, a new
 session's arguments.)
 """
 

@@ -43,12 +43,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from agent_rewind import faults, tasks
+from agent_rewind import faults, retries, tasks
 from agent_rewind.access import Principal
 from agent_rewind.config import Config
 from agent_rewind.errors import AgentRewindError, RequestIdReused, SessionNotFound, ShuttingDown
 from agent_rewind.replicas import Elsewhere, Owners
-from agent_rewind.sessions import requests
 from agent_rewind.snapshots.taking import Snapshots, repository, snapshots_dir
 from agent_rewind.store.ledger import (
     Erasure,
@@ -269,7 +268,7 @@ class Deletions:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(running)
                 continue
-            if await requests.recorded(self._ledger, request) is not None:
+            if await retries.recorded(self._ledger, request) is not None:
                 await self._repeat(session_id)
                 return
             worker = self._find(session_id, principal)

@@ -32,7 +32,7 @@ import structlog
 
 from agent_rewind import tasks
 from agent_rewind.errors import FilesUnavailable, SnapshotUnavailable
-from agent_rewind.sessions.requests import NewSessionRequest
+from agent_rewind.sessions.new_session import NewSessionRequest
 from agent_rewind.snapshots import EMPTY_TREE, RestoreError, SnapshotStore
 from agent_rewind.snapshots.files import chunks, open_regular
 from agent_rewind.snapshots.taking import Snapshots, repository

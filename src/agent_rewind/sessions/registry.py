@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from agent_rewind import logs, workspace_paths
+from agent_rewind import logs, retries, workspace_paths
 from agent_rewind.access import Principal
 from agent_rewind.config import Config
 from agent_rewind.errors import (
@@ -29,11 +29,11 @@ from agent_rewind.errors import (
     ShuttingDown,
 )
 from agent_rewind.replicas import Elsewhere, Owners
-from agent_rewind.sessions import loading, requests
+from agent_rewind.sessions import loading
 from agent_rewind.sessions import options as session_options
 from agent_rewind.sessions.erasure import Deletions
 from agent_rewind.sessions.forking import Forks
-from agent_rewind.sessions.requests import NewSessionRequest as NewSessionRequest
+from agent_rewind.sessions.new_session import NewSessionRequest as NewSessionRequest
 from agent_rewind.sessions.worker import SessionWorker, State, WorkerContext
 from agent_rewind.store.ledger import (
     EventRecord,
@@ -231,7 +231,7 @@ class SessionRegistry:
         async with self._create_lock:
             if self._shutting_down:
                 raise ShuttingDown()
-            existing = await requests.recorded(self._ledger, request, new_session=True)
+            existing = await retries.recorded(self._ledger, request, new_session=True)
             if existing is not None:
                 return await self._repeat(existing.session_id)
             if place and self.owners is not None:
@@ -267,9 +267,7 @@ class SessionRegistry:
                 record = await self._ledger.add_session(new, request)
             except RequestIdTaken as taken:
                 assert request is not None
-                return await self._repeat(
-                    requests.check(taken.existing, request, new_session=True).session_id
-                )
+                return await self._repeat(retries.check(taken.existing, request, new_session=True).session_id)
             if transcript_path(self._config.claude_config_dir, str(workspace), sid).exists():
                 # A caller-supplied id of a session this service already has a transcript for.
                 await self._ledger.touch_session(sid, started=True)
@@ -280,7 +278,7 @@ class SessionRegistry:
         return worker
 
     async def _repeat(self, session_id: str) -> SessionWorker:
-        """A retried CreateSession (the same call: `requests.check`): the session it made, on the
+        """A retried CreateSession (the same call: `retries.check`): the session it made, on the
         replica that made it (Elsewhere when that is another)."""
         if session_id not in self._workers and self.owners is not None:
             owner = await self.owners.owner(session_id)

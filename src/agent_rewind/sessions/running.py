@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agent_rewind import faults, tasks, tracing
+from agent_rewind import faults, retries, tasks, tracing
 from agent_rewind.errors import (
     AgentRewindError,
     AgentUnavailable,
@@ -24,7 +24,6 @@ from agent_rewind.errors import (
     StorageUnavailable,
     TurnInFlight,
 )
-from agent_rewind.sessions import requests
 from agent_rewind.sessions.adapter import AgentClient, AgentError
 from agent_rewind.sessions.events import PromptEvent, ResultEvent
 from agent_rewind.sessions.points import SessionPoints
@@ -125,7 +124,7 @@ class TurnRunner:
             self._turn = previous
             if request is None:
                 raise RequestIdReused(request_id) from None
-            requests.check(taken.existing, request)
+            retries.check(taken.existing, request)
             raise TurnInFlight(w.session_id) from None  # a concurrent retry won the race
         except BaseException:
             w.status.release()
@@ -152,7 +151,7 @@ class TurnRunner:
         """The turn a request id already started, if any (in memory, or recorded)."""
         sid = self._state.session_id
         known = self._by_request.get(request.request_id)
-        recorded = await requests.recorded(self._ctx.ledger, request)
+        recorded = await retries.recorded(self._ctx.ledger, request)
         if recorded is None:
             return None
         if known is not None:

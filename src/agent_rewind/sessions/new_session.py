@@ -1,6 +1,5 @@
-"""What the sessions layer is asked: a new session's arguments. The request-id retry rule its
-calls keep (CreateSession, Prompt, DeleteSession) is `agent_rewind/retries.py`'s, named here for
-them (`check`, `recorded`); the rewind's calls keep the same one.
+"""A new session's arguments (CreateSession's, and a fork's). The request-id retry rule its
+calls keep is `agent_rewind/retries.py`'s, as every call's is.
 """
 
 from __future__ import annotations
@@ -8,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent_rewind.retries import check as check
-from agent_rewind.retries import recorded as recorded
 from agent_rewind.store.ledger import ForkOrigin, dumps
 
 
