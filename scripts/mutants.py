@@ -66,6 +66,15 @@ GROUPS = (
         ),
     ),
     Group(
+        "state",
+        "sessions/state.py",
+        (
+            "tests/unit/sessions/test_worker.py",
+            "tests/unit/sessions/test_running.py",
+            "tests/unit/sessions/test_lifecycle_stop.py",
+        ),
+    ),
+    Group(
         "running",
         "sessions/running.py",
         (
@@ -113,7 +122,8 @@ GROUPS = (
     ),
     # The ledger contract tests run on both ledgers; each dialect's group takes its own half, and
     # the SQL core both run is mutated under SQLite's (the faster to start).
-    Group("store-core", "store/sql.py", ("tests/unit/store",), select="not postgres"),
+    # The SQL stores, one per concern (store/sql/), mutated as one group.
+    Group("store-core", "store/sql", ("tests/unit/store",), select="not postgres"),
     Group("store-dialect", "store/dialect.py", ("tests/unit/store",), select="not postgres"),
     Group("store-postgres", "store/postgres.py", ("tests/unit/store",), select="not sqlite"),
     Group("store-sqlite", "store/sqlite.py", ("tests/unit/store",), select="not postgres"),
@@ -169,6 +179,12 @@ GROUPS = (
         ("tests/unit/snapshots/test_gitindex.py", "tests/unit/snapshots/test_seed.py"),
     ),
     Group("seed", "snapshots/seed.py", ("tests/unit/snapshots/test_seed.py",)),
+    # The one safe open of a workspace's file (issue 38 wrote it once).
+    Group(
+        "files",
+        "snapshots/files.py",
+        ("tests/unit/snapshots/test_files.py", "tests/unit/rewind/test_checkpoints.py"),
+    ),
     Group(
         "forking",
         "sessions/forking.py",
