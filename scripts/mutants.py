@@ -61,7 +61,7 @@ GROUPS = (
             "tests/unit/sessions/test_request_ids.py",
             "tests/unit/sessions/test_lifecycle_start.py",
             "tests/unit/sessions/test_lifecycle_stop.py",
-            "tests/unit/sessions/test_view.py",
+            "tests/unit/sessions/test_conversation.py",
             "tests/unit/sessions/test_snapshot_taking.py",
         ),
     ),
@@ -93,10 +93,10 @@ GROUPS = (
         ),
     ),
     Group(
-        "view",
-        "sessions/view.py",
+        "conversation",
+        "sessions/conversation.py",
         (
-            "tests/unit/sessions/test_view.py",
+            "tests/unit/sessions/test_conversation.py",
             "tests/unit/sessions/test_lifecycle_start.py",
         ),
     ),

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent_rewind.api.v1 import rewind_pb2, session_service_pb2  # noqa: E402
 from agent_rewind.rpc import convert  # noqa: E402
-from agent_rewind.sessions.view import cut_is_in_transcript  # noqa: E402
+from agent_rewind.sessions.conversation import cut_is_in_transcript  # noqa: E402
 from agent_rewind.store.ledger import Anchor  # noqa: E402
 from agent_rewind.testing import RECALL_PREFIX  # noqa: E402
 from agent_rewind.testing.server_process import ServerProcess  # noqa: E402

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent_rewind import faults, tasks
+from agent_rewind.sessions.conversation import READ_INLINE_BYTES, TranscriptView
 from agent_rewind.sessions.state import SessionState
-from agent_rewind.sessions.view import READ_INLINE_BYTES, TranscriptView
 from agent_rewind.store.ledger import Ledger, PointIndex, PointRow, PointsHead, PointsUpdate
 from agent_rewind.transcript.entries import (
     FILE_CHECKPOINT_WINDOW,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent_rewind.sessions import points
-from agent_rewind.sessions.view import READ_INLINE_BYTES
+from agent_rewind.sessions.conversation import READ_INLINE_BYTES
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.store.ledger import NewSession, PointsUpdate, SessionRecord
 from agent_rewind.store.sqlite import SqliteLedger

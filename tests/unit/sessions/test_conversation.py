@@ -1,4 +1,4 @@
-"""A session's view of its transcript (sessions/view.py): read inline when the unread part is
+"""A session's view of its transcript (sessions/conversation.py): read inline when the unread part is
 small and in a thread when it is large, found where the CLI wrote it, and cut where a rewind left
 it until a new turn writes the cut into the transcript itself, which is let go only once that
 transcript is on disk.
@@ -30,7 +30,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A long session's first read must not stall every other session on the loop."""
-    import agent_rewind.sessions.view as worker_module
+    import agent_rewind.sessions.conversation as worker_module
 
     worker, _factory = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -53,7 +53,7 @@ async def test_a_large_transcript_is_read_off_the_event_loop(
 async def test_a_small_transcript_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent_rewind.sessions.view as worker_module
+    import agent_rewind.sessions.conversation as worker_module
 
     worker, _factory = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -87,7 +87,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What decides is the unread part, not the file's size."""
-    import agent_rewind.sessions.view as worker_module
+    import agent_rewind.sessions.conversation as worker_module
 
     worker, _ = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
@@ -104,7 +104,7 @@ async def test_a_small_append_to_a_large_transcript_already_read_is_read_inline(
 async def test_an_unread_part_of_exactly_the_inline_bound_is_read_inline(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent_rewind.sessions.view as worker_module
+    import agent_rewind.sessions.conversation as worker_module
 
     worker, _ = await make_worker()
     path = transcript_path(worker._ctx.claude_config_dir, worker.record.cwd, worker.session_id)
