@@ -9,7 +9,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.errors import InvalidArgument
-from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome
+from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome, from_event
 from agent_rewind.sessions.events import (
     AssistantEvent,
     PromptEvent,
@@ -270,9 +270,9 @@ _EVENT_MODES = {
 
 
 def rewind_event(event: EventRecord) -> rewind_pb2.RewindEvent:
-    """An event of the log as watchers see it (its data: rewind/engine.py `event_data`)."""
+    """An event of the log as watchers see it (its data: rewind/outcome.py `event_data`)."""
     data = event.data
-    files = data.get("files")
+    told = from_event(data)
     return rewind_pb2.RewindEvent(
         cursor=event.cursor,
         kind=_EVENT_KINDS.get(event.kind, rewind_pb2.REWIND_EVENT_KIND_UNSPECIFIED),
@@ -280,14 +280,12 @@ def rewind_event(event: EventRecord) -> rewind_pb2.RewindEvent:
         session_id=event.session_id,
         message_id=str(data.get("message_id", "")),
         mode=_EVENT_MODES.get(str(data.get("mode", "")), rewind_pb2.REWIND_MODE_UNSPECIFIED),
-        files=_files(FilesHalf(**{**files, "files_changed": tuple(files["files_changed"])}))
-        if isinstance(files, dict)
-        else None,
-        messages_dropped=int(data.get("messages_dropped", 0)),
+        files=_files(told.files) if told is not None else None,
+        messages_dropped=told.conversation.messages_dropped if told is not None else 0,
         principal=event.principal,
         occur_time=timestamp(event.occur_time),
-        last_message_id=str(data.get("last_message_id", "")),
-        conversation_changed=bool(data.get("conversation_changed", False)),
+        last_message_id=told.last_message_id if told is not None else "",
+        conversation_changed=told.conversation.rewound if told is not None else False,
     )
 
 
