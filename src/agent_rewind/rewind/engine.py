@@ -28,16 +28,13 @@ from agent_rewind.errors import (
     AgentUnavailable,
     CheckpointingDisabled,
     FileCheckpointUnavailable,
-    FilesUnavailable,
     NoConversationAnchor,
     RewindConflict,
-    SnapshotUnavailable,
-    StorageUnavailable,
     WorkspaceOutsideRoot,
 )
 from agent_rewind.rewind import checkpoints, side_effects, workspace
 from agent_rewind.rewind.calls import RewindRequest, UndoRequest, recorded
-from agent_rewind.rewind.intent import Applied, FilesBefore, Intent, SnapshotRestore
+from agent_rewind.rewind.intent import Applied, Intent, SnapshotRestore
 from agent_rewind.rewind.outcome import (
     ConversationHalf,
     FilesHalf,
@@ -48,10 +45,11 @@ from agent_rewind.rewind.outcome import (
 )
 from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.side_effects import SideEffect
-from agent_rewind.rewind.undo import Undo, capture_paths
+from agent_rewind.rewind.snapshot_files import SnapshotFiles
+from agent_rewind.rewind.undo import Undo
 from agent_rewind.sessions.events import FilesAnswer
-from agent_rewind.snapshots import RestoreError, Snapshot
-from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
+from agent_rewind.snapshots import Snapshot
+from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -115,8 +113,8 @@ class RewindEngine:
         self._ledger = ledger
         # Told of every event this engine commits (the event hub), after the commit.
         self._publish = publish
-        self._snapshots = snapshots
-        self._undo = Undo(ledger, snapshots, publish)
+        self._snapshot_files = SnapshotFiles(ledger, snapshots)
+        self._undo = Undo(ledger, self._snapshot_files, publish)
 
     async def undo(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
         """UndoRewind (or its preview): all or nothing, durable, idempotent by request id; run
@@ -137,79 +135,6 @@ class RewindEngine:
 
         return await tasks.shielded(run(), name=f"undo-{worker.session_id}")
 
-    async def _capture_before(self, worker: RewindSession, plan: _Plan) -> FilesBefore | None:
-        """What an undo of this rewind needs of the files: the paths it changes, as they are."""
-        snaps = self._snapshots
-        if snaps is None or not plan.files.can_rewind:
-            return None
-        if plan.restore is not None:
-            return FilesBefore(plan.restore.now, plan.restore.paths)
-        paths = capture_paths(worker.record.cwd, plan.files.files_changed)
-        if paths is None:
-            return None  # a path outside the workspace: that rewind cannot be undone
-        store = snaps.store(worker.session_id, worker.record.cwd)
-        try:
-            before = await snaps.run(lambda: store.capture(paths))
-        except Exception as err:  # the rewind goes on; it just cannot be undone
-            log.error("could not keep the files a rewind changes", error=str(err))
-            return None
-        return FilesBefore(before, tuple(paths))
-
-    async def _capture_after(self, worker: RewindSession, intent: Intent) -> str | None:
-        """The same files as the rewind left them (for an undo of it), if they were kept before."""
-        kept = intent.files_before
-        snaps = self._snapshots
-        if kept is None or snaps is None:
-            return None
-        if intent.snapshot is not None:
-            return intent.snapshot.start
-        store = snaps.store(worker.session_id, worker.record.cwd)
-        try:
-            return await snaps.run(lambda: store.capture(kept.paths))
-        except Exception as err:
-            log.error("could not keep the files a rewind left", error=str(err))
-            return None
-
-    async def _from_snapshots(
-        self, worker: RewindSession, point: RewindPoint, req: RewindRequest
-    ) -> tuple[FilesHalf, workspace.Restore | None, Snapshot] | None:
-        """The files half served by workspace snapshots; None when no snapshot was taken at the
-        point (the CLI's checkpoints serve it then)."""
-        snaps = self._snapshots
-        if snaps is None or not worker.record.workspace_snapshots:
-            return None
-        sid, cwd = worker.session_id, worker.record.cwd
-        records = await snaps.records(sid)
-        first = workspace.start_of(records, point.message_id)
-        if first is None:
-            return None
-        now = await snaps.take(sid, cwd)
-        store = snaps.store(sid, cwd)
-        later = list(records[first:])
-        try:
-            restore = await snaps.run(
-                lambda: workspace.restore_for(
-                    store, point.message_id, later, now, req.conflict_policy, include_diff=req.include_diff
-                )
-            )
-        except SnapshotUnavailable as err:
-            if worker.record.checkpointing:
-                return None  # no complete snapshot: the CLI's checkpoints serve it, as before
-            return FilesHalf(True, refusal=refuse(err), source="snapshot"), None, now
-        half = FilesHalf(
-            True,
-            restore.refusal is None,
-            tuple(str(Path(cwd) / path) for path in restore.changed),
-            restore.insertions,
-            restore.deletions,
-            refusal=refuse(restore.refusal) if restore.refusal is not None else None,
-            source="snapshot",
-            conflicts=restore.conflicts,
-            diffs=restore.diffs,
-            diffs_truncated=restore.diffs_truncated,
-        )
-        return half, restore, now
-
     async def _plan(self, worker: RewindSession, req: RewindRequest, *, preview: bool = False) -> _Plan:
         """`preview`: a dry run, whose files half from checkpoints is the CLI's own preview."""
         reading = await worker.transcript()
@@ -223,7 +148,7 @@ class RewindEngine:
         now: Snapshot | None = None
         looked: checkpoints.Files | None = None
         intact = not req.mode.files or workspace_paths.intact(worker.record.cwd)
-        served = await self._from_snapshots(worker, point, req) if req.mode.files and intact else None
+        served = await self._snapshot_files.plan(worker, point, req) if req.mode.files and intact else None
         if not intact:
             # The workspace (or a directory on the way) was replaced by a link: a restore would
             # write wherever it leads.
@@ -231,7 +156,7 @@ class RewindEngine:
             why = f"the workspace {cwd!r} is no longer a directory of its own: it, or a directory on the way, is a link"
             files = FilesHalf(True, refusal=refuse(WorkspaceOutsideRoot(cwd, [], why)))
         elif served is not None:
-            files, restore, now = served
+            files, restore, now = served.files, served.restore, served.now
         elif req.mode.files:
             looked = None if preview else await self._look(worker, view, point)
             if not worker.record.checkpointing:
@@ -392,10 +317,13 @@ class RewindEngine:
                     raise RefusedHalf(half.refusal)
         faults.point("rewind.planned")
         rewind_id = str(uuid.uuid4())
-        if plan.restore is not None and plan.now is not None and self._snapshots is not None:
-            # The workspace as the rewind found it: the rollback, and an interval boundary.
-            await self._snapshots.record(worker.session_id, REWIND_BEFORE, rewind_id, plan.now)
-        before = await self._capture_before(worker, plan) if req.mode.files else None
+        if plan.restore is not None and plan.now is not None:
+            await self._snapshot_files.record_before(worker.session_id, rewind_id, plan.now)
+        before = (
+            await self._snapshot_files.keep_before(worker, plan.files, plan.restore)
+            if req.mode.files
+            else None
+        )
         anchor = None
         if req.mode.conversation:
             anchor = Anchor(
@@ -460,41 +388,6 @@ class RewindEngine:
             raise FileCheckpointUnavailable(target, answer.error or "the CLI cannot rewind files")
         return answer
 
-    async def _restore_snapshot(
-        self, worker: RewindSession, record: RewindRecord, restore: SnapshotRestore
-    ) -> None:
-        """Restores the planned paths from the point's snapshot, all or nothing, then snapshots
-        the result (the end of the service's interval). Idempotent: recovery runs it again."""
-        snaps = self._snapshots
-        if snaps is None:
-            raise StorageUnavailable(
-                "workspace snapshots are off on this server; the rewind cannot be finished"
-            )
-        sid, cwd = worker.session_id, worker.record.cwd
-        store = snaps.store(sid, cwd)
-        try:
-            await snaps.run(lambda: store.restore(restore.start, restore.paths, rollback=restore.now))
-        except RestoreError as err:
-            if err.rolled_back:  # every path written was put back: nothing was applied
-                await self._ledger.abandon_rewind(record.rewind_id)
-                raise FilesUnavailable(
-                    f"the workspace could not be restored ({err}); nothing was changed"
-                ) from err
-            # Some paths could not be put back either: the intent stays, and the restore is run
-            # again (it is idempotent) before anything else happens on the session.
-            raise FilesUnavailable(
-                f"the workspace is partly restored ({err}); the rewind will be finished before the "
-                "session runs anything else"
-            ) from err
-        # The workspace after: what it was before with the restored paths as at the point,
-        # computed from the trees (a restore under the lock changes nothing else).
-        try:
-            after = await snaps.run(lambda: store.overlay(restore.now, restore.start, restore.paths))
-            await snaps.record(sid, REWIND_AFTER, record.rewind_id, Snapshot(after, True))
-        except Exception as err:  # then take it the slow way, scanning the workspace
-            log.error("could not record the workspace after a rewind", error=str(err))
-            await snaps.take_and_record(sid, cwd, REWIND_AFTER, record.rewind_id)
-
     async def _finish(
         self, worker: RewindSession, record: RewindRecord, looked: checkpoints.Files | None = None
     ) -> RewindOutcome:
@@ -513,7 +406,13 @@ class RewindEngine:
             raise _MovedOn("the rewind could not be finished; the conversation has changed since")
         if intent.restores_files and not record.files_applied and intent.snapshot is not None:
             with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="snapshot"):
-                await self._restore_snapshot(worker, record, intent.snapshot)
+                restore = intent.snapshot
+                await self._snapshot_files.restore(
+                    worker, record.rewind_id, restore.start, restore.paths, restore.now
+                )
+                await self._snapshot_files.record_after(
+                    worker, record.rewind_id, restore.now, restore.start, restore.paths
+                )
                 faults.point("rewind.files_restored")
                 if anchor is not None:
                     await self._ledger.mark_files_applied(record.rewind_id)
@@ -547,7 +446,7 @@ class RewindEngine:
             )
             conversation = ConversationHalf(True, False, False, 0)
             anchor = None
-        after = await self._capture_after(worker, intent) if files.can_rewind else None
+        after = await self._snapshot_files.keep_after(worker, intent) if files.can_rewind else None
         if intent.observed and intent.restores_files:
             files = await self._seen(worker, intent, files, looked, after)
         final = RewindOutcome(record.rewind_id, files, conversation, last, intent.outcome.side_effects)
@@ -595,13 +494,8 @@ class RewindEngine:
         known: the files it may have changed, with no line counts."""
         cwd = Path(worker.record.cwd)
         found = await asyncio.to_thread(checkpoints.seen, cwd, looked) if looked is not None else None
-        snaps, kept = self._snapshots, intent.files_before
-        if found is None and snaps is not None and kept is not None and after is not None:
-            store = snaps.store(worker.session_id, worker.record.cwd)
-            changes, (insertions, deletions) = await snaps.run(
-                lambda: (store.changes(kept.tree, after), store.numstat(kept.tree, after))
-            )
-            found = tuple(str(cwd / c.path) for c in changes), insertions, deletions
+        if found is None:
+            found = await self._snapshot_files.changed(worker, intent, after)
         if found is None:
             log.warning("what a files rewind changed could not be seen", session_id=worker.session_id)
             return files

@@ -25,14 +25,13 @@ from typing import Any
 import structlog
 
 from agent_rewind import faults
-from agent_rewind.errors import ExternalChanges, FilesUnavailable, StorageUnavailable, UndoUnavailable
+from agent_rewind.errors import ExternalChanges, UndoUnavailable
 from agent_rewind.rewind import workspace
 from agent_rewind.rewind.calls import UndoRequest
 from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data
 from agent_rewind.rewind.session import RewindSession
-from agent_rewind.snapshots import RestoreError, Snapshot
-from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
+from agent_rewind.rewind.snapshot_files import SnapshotFiles
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -44,21 +43,6 @@ from agent_rewind.store.ledger import (
 from agent_rewind.transcript.index import Reading
 
 log = structlog.get_logger(__name__)
-
-
-def capture_paths(cwd: str, files_changed: tuple[str, ...]) -> list[str] | None:
-    """The workspace-relative paths of a rewind's changed files; None if one lies outside."""
-    root = Path(cwd)
-    out = []
-    for name in files_changed:
-        path = Path(name)
-        if not path.is_absolute():
-            path = root / path
-        try:
-            out.append(path.relative_to(root).as_posix())
-        except ValueError:
-            return None
-    return sorted(set(out))
 
 
 @dataclass(frozen=True)
@@ -75,9 +59,9 @@ class _Plan:
 class Undo:
     """Plans and applies undos; the rewind engine hands it requests and pending undo intents."""
 
-    def __init__(self, ledger: Ledger, snapshots: Snapshots | None, publish: Any) -> None:
+    def __init__(self, ledger: Ledger, snapshot_files: SnapshotFiles, publish: Any) -> None:
         self._ledger = ledger
-        self._snapshots = snapshots
+        self._snapshot_files = snapshot_files
         self._publish = publish
 
     async def _target(self, worker: RewindSession, req: UndoRequest) -> tuple[RewindRecord, Reading]:
@@ -118,7 +102,7 @@ class Undo:
     async def _files(
         self, worker: RewindSession, req: UndoRequest, intent: Intent, applied: Applied
     ) -> UndoFiles:
-        snaps = self._snapshots
+        snaps = self._snapshot_files.snapshots
         kept, after = intent.files_before, applied.files_after
         if snaps is None or kept is None or not kept.tree or not after:
             raise UndoUnavailable(req.rewind_id, "what its files were before it was not captured")
@@ -180,12 +164,12 @@ class Undo:
         if req.validate_only:
             return outcome
         undo_id = str(uuid.uuid4())
-        snaps = self._snapshots
+        snaps = self._snapshot_files.snapshots
         if files is not None and files.paths and worker.record.workspace_snapshots and snaps:
             # The session's snapshot history must show the undo's change as the service's, not as
             # an outside edit: the workspace before it, recorded like a rewind's.
             whole = await snaps.take(worker.session_id, worker.record.cwd)
-            await snaps.record(worker.session_id, REWIND_BEFORE, undo_id, whole)
+            await self._snapshot_files.record_before(worker.session_id, undo_id, whole)
             files = replace(files, whole=whole.tree if whole.complete else None)
         intent = UndoIntent(undoes=target.rewind_id, files=files, leaf=plan.leaf, outcome=outcome)
         await self._ledger.begin_rewind(
@@ -205,46 +189,19 @@ class Undo:
         assert record is not None
         return await self.finish(worker, record)
 
-    async def _record_after(self, worker: RewindSession, undo_id: str, files: UndoFiles) -> None:
-        """The workspace after the undo, for a session with snapshots: the whole tree before it
-        with the restored paths as they were (no scan), or a new snapshot if that is unknown."""
-        snaps = self._snapshots
-        if snaps is None or not worker.record.workspace_snapshots:
-            return
-        sid, cwd = worker.session_id, worker.record.cwd
-        whole = files.whole
-        if whole:
-            store = snaps.store(sid, cwd)
-            after = await snaps.run(lambda: store.overlay(whole, files.before, files.paths))
-            await snaps.record(sid, REWIND_AFTER, undo_id, Snapshot(after, True))
-        else:
-            await snaps.take_and_record(sid, cwd, REWIND_AFTER, undo_id)
-
     async def finish(self, worker: RewindSession, record: RewindRecord) -> RewindOutcome:
         """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
         intent = UndoIntent.of(record)
         outcome = intent.outcome
         files = intent.files
         if files is not None and files.paths and not record.files_applied:
-            snaps = self._snapshots
-            if snaps is None:
-                raise StorageUnavailable(
-                    "workspace snapshots are off on this server; the undo cannot be finished"
+            await self._snapshot_files.restore(
+                worker, record.rewind_id, files.before, files.paths, files.now, of="undo"
+            )
+            if worker.record.workspace_snapshots:
+                await self._snapshot_files.record_after(
+                    worker, record.rewind_id, files.whole, files.before, files.paths
                 )
-            store = snaps.store(worker.session_id, worker.record.cwd)
-            try:
-                await snaps.run(lambda: store.restore(files.before, files.paths, rollback=files.now))
-            except RestoreError as err:
-                if err.rolled_back:
-                    await self._ledger.abandon_rewind(record.rewind_id)
-                    raise FilesUnavailable(
-                        f"the undo could not put the files back ({err}); nothing was changed"
-                    ) from err
-                raise FilesUnavailable(
-                    f"the undo put the files partly back ({err}); it will be finished before the "
-                    "session runs anything else"
-                ) from err
-            await self._record_after(worker, record.rewind_id, files)
             faults.point("undo.files_restored")
             if intent.leaf:
                 await self._ledger.mark_files_applied(record.rewind_id)
