@@ -57,6 +57,7 @@ from agent_rewind.store.ledger import (
     NewEvent,
     NewRewind,
     RewindRecord,
+    SessionRecord,
 )
 from agent_rewind.transcript.entries import RewindPoint
 from agent_rewind.transcript.index import ConversationView, TranscriptIndex
@@ -71,6 +72,8 @@ RECOVERY_SECONDS = 60.0
 class _Plan:
     """What a rewind will do: the point, both halves, and what it was planned against."""
 
+    # The session's record, read once for the rewind (its workspace, its settings, its owner).
+    session: SessionRecord
     point: RewindPoint
     files: FilesHalf
     conversation: ConversationHalf
@@ -137,6 +140,7 @@ class RewindEngine:
 
     async def _plan(self, worker: RewindSession, req: RewindRequest, *, preview: bool = False) -> _Plan:
         """`preview`: a dry run, whose files half from checkpoints is the CLI's own preview."""
+        session = worker.record
         reading = await worker.transcript()
         view = reading.view
         # Before resolving: a target dropped by a rewind the caller did not see is a conflict too.
@@ -147,29 +151,29 @@ class RewindEngine:
         restore: workspace.Restore | None = None
         now: Snapshot | None = None
         looked: checkpoints.Files | None = None
-        intact = not req.mode.files or workspace_paths.intact(worker.record.cwd)
-        served = await self._snapshot_files.plan(worker, point, req) if req.mode.files and intact else None
+        intact = not req.mode.files or workspace_paths.intact(session.cwd)
+        served = await self._snapshot_files.plan(session, point, req) if req.mode.files and intact else None
         if not intact:
             # The workspace (or a directory on the way) was replaced by a link: a restore would
             # write wherever it leads.
-            cwd = worker.record.cwd
+            cwd = session.cwd
             why = f"the workspace {cwd!r} is no longer a directory of its own: it, or a directory on the way, is a link"
             files = FilesHalf(True, refusal=refuse(WorkspaceOutsideRoot(cwd, [], why)))
         elif served is not None:
             files, restore, now = served.files, served.restore, served.now
         elif req.mode.files:
-            looked = None if preview else await self._look(worker, view, point)
-            if not worker.record.checkpointing:
+            looked = None if preview else await self._look(session.cwd, view, point)
+            if not session.checkpointing:
                 files = FilesHalf(True, refusal=refuse(CheckpointingDisabled(worker.session_id)))
             elif looked is not None:
                 # Planned without the CLI: the files it may change, kept for an undo; what it did
                 # change is seen once it has (`_finish`).
-                files = FilesHalf(True, True, tuple(str(Path(worker.record.cwd) / p) for p in looked))
+                files = FilesHalf(True, True, tuple(str(Path(session.cwd) / p) for p in looked))
             else:
                 answer = await worker.rewind_files(point.message_id, dry_run=True)
                 if answer.can_rewind:
                     # Files the CLI would leave as a dropped branch wrote them are listed too.
-                    root = Path(worker.record.cwd)
+                    root = Path(session.cwd)
                     planned = checkpoints.planned(view, point, root, worker.file_history)
                     fixes = await asyncio.to_thread(checkpoints.needed, planned, root)
                     listed = checkpoints.without_links(answer.files_changed)
@@ -197,6 +201,7 @@ class RewindEngine:
                 conversation = ConversationHalf(True, True, messages_dropped=view.messages_from(point))
         effects = await self._side_effects(worker, view, point)
         return _Plan(
+            session,
             point,
             files,
             conversation,
@@ -211,13 +216,13 @@ class RewindEngine:
 
     @staticmethod
     async def _look(
-        worker: RewindSession, view: ConversationView, point: RewindPoint
+        workspace_dir: str, view: ConversationView, point: RewindPoint
     ) -> checkpoints.Files | None:
         """The files a rewind to `point` from the CLI's checkpoints may change, as they are now
         (read in a thread); None when the CLI's dry run must plan it (see checkpoints.py)."""
         if not point.has_checkpoint or point.checkpoint_pending:
             return None  # the CLI's answer says why, or the process holding it serves it
-        cwd = Path(worker.record.cwd)
+        cwd = Path(workspace_dir)
         paths = checkpoints.tracked(view, cwd)
         if paths is None:
             return None
@@ -320,7 +325,7 @@ class RewindEngine:
         if plan.restore is not None and plan.now is not None:
             await self._snapshot_files.record_before(worker.session_id, rewind_id, plan.now)
         before = (
-            await self._snapshot_files.keep_before(worker, plan.files, plan.restore)
+            await self._snapshot_files.keep_before(plan.session, plan.files, plan.restore)
             if req.mode.files
             else None
         )
@@ -366,7 +371,7 @@ class RewindEngine:
         )
         record = await self._ledger.rewind(rewind_id)
         assert record is not None
-        return await self._finish(worker, record, plan.looked)
+        return await self._finish(worker, record, plan.looked, plan.session)
 
     async def _restore_files(self, worker: RewindSession, record: RewindRecord, target: str) -> FilesAnswer:
         """Restores the files of a recorded intent. A process that fails mid-request leaves the
@@ -389,11 +394,17 @@ class RewindEngine:
         return answer
 
     async def _finish(
-        self, worker: RewindSession, record: RewindRecord, looked: checkpoints.Files | None = None
+        self,
+        worker: RewindSession,
+        record: RewindRecord,
+        looked: checkpoints.Files | None = None,
+        session: SessionRecord | None = None,
     ) -> RewindOutcome:
         """Applies a recorded intent: files, then the conversation cut. Under the session's lock.
-        `looked`: the files as the plan read them (`_Plan.looked`); None when recovering."""
+        `looked`, `session`: the files and the session's record as the plan read them; None when
+        recovering."""
         intent = Intent.of(record)
+        session = session if session is not None else worker.record
         files = intent.outcome.files
         anchor = replace(intent.anchor, drops_turn=None) if intent.anchor is not None else None
         reading = await worker.transcript()  # also catches up with the transcript, after a restart
@@ -408,10 +419,10 @@ class RewindEngine:
             with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="snapshot"):
                 restore = intent.snapshot
                 await self._snapshot_files.restore(
-                    worker, record.rewind_id, restore.start, restore.paths, restore.now
+                    session, record.rewind_id, restore.start, restore.paths, restore.now
                 )
                 await self._snapshot_files.record_after(
-                    worker, record.rewind_id, restore.now, restore.start, restore.paths
+                    session, record.rewind_id, restore.now, restore.start, restore.paths
                 )
                 faults.point("rewind.files_restored")
                 if anchor is not None:
@@ -421,7 +432,7 @@ class RewindEngine:
             with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="checkpoint"):
                 answer = await self._restore_files(worker, record, intent.target)
                 point = view.resolve(intent.target)
-                cwd = Path(worker.record.cwd)
+                cwd = Path(session.cwd)
                 fixes = checkpoints.planned(view, point, cwd, worker.file_history)
                 await asyncio.to_thread(checkpoints.apply, fixes, cwd)
                 faults.point("rewind.files_restored")
@@ -446,16 +457,16 @@ class RewindEngine:
             )
             conversation = ConversationHalf(True, False, False, 0)
             anchor = None
-        after = await self._snapshot_files.keep_after(worker, intent) if files.can_rewind else None
+        after = await self._snapshot_files.keep_after(session, intent) if files.can_rewind else None
         if intent.observed and intent.restores_files:
-            files = await self._seen(worker, intent, files, looked, after)
+            files = await self._seen(session, intent, files, looked, after)
         final = RewindOutcome(record.rewind_id, files, conversation, last, intent.outcome.side_effects)
         event = NewEvent(
             kind="REWOUND",
             session_id=worker.session_id,
             rewind_id=record.rewind_id,
             principal=record.principal,
-            data=event_data(intent.target, record.mode, final, owner=worker.record.principal),
+            data=event_data(intent.target, record.mode, final, owner=session.principal),
         )
         # The cut and the event, committed together with the rewind marked applied, and the points
         # index as the cut leaves it, in the same transaction.
@@ -483,7 +494,7 @@ class RewindEngine:
 
     async def _seen(
         self,
-        worker: RewindSession,
+        session: SessionRecord,
         intent: Intent,
         files: FilesHalf,
         looked: checkpoints.Files | None,
@@ -492,12 +503,12 @@ class RewindEngine:
         """What a files rewind planned without the CLI changed (`Intent.observed`): against the
         files as the plan read them; when recovering, against the trees kept for an undo. Neither
         known: the files it may have changed, with no line counts."""
-        cwd = Path(worker.record.cwd)
+        cwd = Path(session.cwd)
         found = await asyncio.to_thread(checkpoints.seen, cwd, looked) if looked is not None else None
         if found is None:
-            found = await self._snapshot_files.changed(worker, intent, after)
+            found = await self._snapshot_files.changed(session, intent, after)
         if found is None:
-            log.warning("what a files rewind changed could not be seen", session_id=worker.session_id)
+            log.warning("what a files rewind changed could not be seen", session_id=session.session_id)
             return files
         changed, insertions, deletions = found
         return replace(files, files_changed=changed, insertions=insertions, deletions=deletions)

@@ -24,10 +24,9 @@ from agent_rewind.rewind import workspace
 from agent_rewind.rewind.calls import RewindRequest
 from agent_rewind.rewind.intent import FilesBefore, Intent
 from agent_rewind.rewind.outcome import FilesHalf, refuse
-from agent_rewind.rewind.session import RewindSession
 from agent_rewind.snapshots import RestoreError, Snapshot
 from agent_rewind.snapshots.taking import REWIND_AFTER, REWIND_BEFORE, Snapshots
-from agent_rewind.store.ledger import Ledger
+from agent_rewind.store.ledger import Ledger, SessionRecord
 from agent_rewind.transcript.entries import RewindPoint
 
 log = structlog.get_logger(__name__)
@@ -81,13 +80,13 @@ class SnapshotFiles:
         self._ledger = ledger
         self.snapshots = snapshots
 
-    async def plan(self, worker: RewindSession, point: RewindPoint, req: RewindRequest) -> Served | None:
+    async def plan(self, session: SessionRecord, point: RewindPoint, req: RewindRequest) -> Served | None:
         """The files half served by workspace snapshots; None when no snapshot was taken at the
         point (the CLI's checkpoints serve it then)."""
         snaps = self.snapshots
-        if snaps is None or not worker.record.workspace_snapshots:
+        if snaps is None or not session.workspace_snapshots:
             return None
-        sid, cwd = worker.session_id, worker.record.cwd
+        sid, cwd = session.session_id, session.cwd
         records = await snaps.records(sid)
         first = workspace.start_of(records, point.message_id)
         if first is None:
@@ -102,7 +101,7 @@ class SnapshotFiles:
                 )
             )
         except SnapshotUnavailable as err:
-            if worker.record.checkpointing:
+            if session.checkpointing:
                 return None  # no complete snapshot: the CLI's checkpoints serve it, as before
             return Served(FilesHalf(True, refusal=refuse(err), source="snapshot"), None, now)
         half = FilesHalf(
@@ -126,7 +125,7 @@ class SnapshotFiles:
 
     async def restore(
         self,
-        worker: RewindSession,
+        session: SessionRecord,
         rewind_id: str,
         tree: str,
         paths: Sequence[str],
@@ -142,7 +141,7 @@ class SnapshotFiles:
         snaps = self.snapshots
         if snaps is None:
             raise StorageUnavailable(off)
-        store = snaps.store(worker.session_id, worker.record.cwd)
+        store = snaps.store(session.session_id, session.cwd)
         try:
             await snaps.run(lambda: store.restore(tree, paths, rollback=rollback))
         except RestoreError as err:
@@ -153,7 +152,7 @@ class SnapshotFiles:
 
     async def record_after(
         self,
-        worker: RewindSession,
+        session: SessionRecord,
         rewind_id: str,
         whole: str | None,
         restored: str,
@@ -166,7 +165,7 @@ class SnapshotFiles:
         snaps = self.snapshots
         if snaps is None:
             return
-        sid, cwd = worker.session_id, worker.record.cwd
+        sid, cwd = session.session_id, session.cwd
         if whole:
             store = snaps.store(sid, cwd)
             try:
@@ -178,7 +177,7 @@ class SnapshotFiles:
         await snaps.take_and_record(sid, cwd, REWIND_AFTER, rewind_id)
 
     async def keep_before(
-        self, worker: RewindSession, files: FilesHalf, restore: workspace.Restore | None
+        self, session: SessionRecord, files: FilesHalf, restore: workspace.Restore | None
     ) -> FilesBefore | None:
         """What an undo of a rewind needs of the files: the paths it changes, as they are."""
         snaps = self.snapshots
@@ -186,10 +185,10 @@ class SnapshotFiles:
             return None
         if restore is not None:
             return FilesBefore(restore.now, restore.paths)
-        paths = capture_paths(worker.record.cwd, files.files_changed)
+        paths = capture_paths(session.cwd, files.files_changed)
         if paths is None:
             return None  # a path outside the workspace: that rewind cannot be undone
-        store = snaps.store(worker.session_id, worker.record.cwd)
+        store = snaps.store(session.session_id, session.cwd)
         try:
             before = await snaps.run(lambda: store.capture(paths))
         except Exception as err:  # the rewind goes on; it just cannot be undone
@@ -197,7 +196,7 @@ class SnapshotFiles:
             return None
         return FilesBefore(before, tuple(paths))
 
-    async def keep_after(self, worker: RewindSession, intent: Intent) -> str | None:
+    async def keep_after(self, session: SessionRecord, intent: Intent) -> str | None:
         """The same files as the rewind left them (for an undo of it), if they were kept before."""
         kept = intent.files_before
         snaps = self.snapshots
@@ -205,7 +204,7 @@ class SnapshotFiles:
             return None
         if intent.snapshot is not None:
             return intent.snapshot.start
-        store = snaps.store(worker.session_id, worker.record.cwd)
+        store = snaps.store(session.session_id, session.cwd)
         try:
             return await snaps.run(lambda: store.capture(kept.paths))
         except Exception as err:
@@ -213,16 +212,16 @@ class SnapshotFiles:
             return None
 
     async def changed(
-        self, worker: RewindSession, intent: Intent, after: str | None
+        self, session: SessionRecord, intent: Intent, after: str | None
     ) -> tuple[tuple[str, ...], int, int] | None:
         """What a rewind changed in the files kept for an undo of it (`keep_before`, `keep_after`):
         the paths, as written, and the lines inserted and deleted; None when they were not kept."""
         snaps, kept = self.snapshots, intent.files_before
         if snaps is None or kept is None or after is None:
             return None
-        store = snaps.store(worker.session_id, worker.record.cwd)
+        store = snaps.store(session.session_id, session.cwd)
         changes, (insertions, deletions) = await snaps.run(
             lambda: (store.changes(kept.tree, after), store.numstat(kept.tree, after))
         )
-        cwd = Path(worker.record.cwd)
+        cwd = Path(session.cwd)
         return tuple(str(cwd / c.path) for c in changes), insertions, deletions

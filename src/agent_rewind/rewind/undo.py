@@ -39,6 +39,7 @@ from agent_rewind.store.ledger import (
     NewEvent,
     NewRewind,
     RewindRecord,
+    SessionRecord,
 )
 from agent_rewind.transcript.index import Reading
 
@@ -82,7 +83,7 @@ class Undo:
             raise UndoUnavailable(req.rewind_id, "a turn ran after it")
         return target, reading
 
-    async def _plan(self, worker: RewindSession, req: UndoRequest) -> _Plan:
+    async def _plan(self, worker: RewindSession, session: SessionRecord, req: UndoRequest) -> _Plan:
         """What undoing the request's rewind does; raises UNDO_UNAVAILABLE or EXTERNAL_CHANGES."""
         target, reading = await self._target(worker, req)
         assert target.result is not None
@@ -91,7 +92,7 @@ class Undo:
         done = applied.outcome
         files = None
         if done.files.requested and done.files.can_rewind:
-            files = await self._files(worker, req, intent, applied)
+            files = await self._files(session, req, intent, applied)
         leaf = None
         if done.conversation.rewound:
             leaf = intent.planned_leaf
@@ -100,14 +101,14 @@ class Undo:
         return _Plan(target, files, leaf, reading)
 
     async def _files(
-        self, worker: RewindSession, req: UndoRequest, intent: Intent, applied: Applied
+        self, session: SessionRecord, req: UndoRequest, intent: Intent, applied: Applied
     ) -> UndoFiles:
         snaps = self._snapshot_files.snapshots
         kept, after = intent.files_before, applied.files_after
         if snaps is None or kept is None or not kept.tree or not after:
             raise UndoUnavailable(req.rewind_id, "what its files were before it was not captured")
         before, paths = kept.tree, kept.paths
-        store = snaps.store(worker.session_id, worker.record.cwd)
+        store = snaps.store(session.session_id, session.cwd)
 
         def compare() -> tuple[str, list[str], list[str], int, int]:
             now = store.capture(paths)
@@ -133,14 +134,14 @@ class Undo:
             source=applied.outcome.files.source,
         )
 
-    def _outcome(self, worker: RewindSession, plan: _Plan) -> RewindOutcome:
+    def _outcome(self, session: SessionRecord, plan: _Plan) -> RewindOutcome:
         """The result an undo reports: the rewind it undid, what it put back."""
         files: FilesHalf = FilesHalf()
         if (f := plan.files) is not None:
             files = FilesHalf(
                 True,
                 True,
-                tuple(str(Path(worker.record.cwd) / p) for p in f.paths),
+                tuple(str(Path(session.cwd) / p) for p in f.paths),
                 f.insertions,
                 f.deletions,
                 source=f.source,
@@ -154,9 +155,10 @@ class Undo:
 
     async def apply(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
         """Under the session's lock, pending intents resolved."""
-        plan = await self._plan(worker, req)
+        session = worker.record
+        plan = await self._plan(worker, session, req)
         target, files = plan.target, plan.files
-        outcome = self._outcome(worker, plan)
+        outcome = self._outcome(session, plan)
         if plan.leaf and not req.validate_only:
             outcome = replace(outcome, conversation=replace(outcome.conversation, rewound=True))
         if not outcome.last_message_id:
@@ -165,10 +167,10 @@ class Undo:
             return outcome
         undo_id = str(uuid.uuid4())
         snaps = self._snapshot_files.snapshots
-        if files is not None and files.paths and worker.record.workspace_snapshots and snaps:
+        if files is not None and files.paths and session.workspace_snapshots and snaps:
             # The session's snapshot history must show the undo's change as the service's, not as
             # an outside edit: the workspace before it, recorded like a rewind's.
-            whole = await snaps.take(worker.session_id, worker.record.cwd)
+            whole = await snaps.take(worker.session_id, session.cwd)
             await self._snapshot_files.record_before(worker.session_id, undo_id, whole)
             files = replace(files, whole=whole.tree if whole.complete else None)
         intent = UndoIntent(undoes=target.rewind_id, files=files, leaf=plan.leaf, outcome=outcome)
@@ -187,20 +189,24 @@ class Undo:
         faults.point("undo.intent_recorded")
         record = await self._ledger.rewind(undo_id)
         assert record is not None
-        return await self.finish(worker, record)
+        return await self.finish(worker, record, session)
 
-    async def finish(self, worker: RewindSession, record: RewindRecord) -> RewindOutcome:
-        """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it)."""
+    async def finish(
+        self, worker: RewindSession, record: RewindRecord, session: SessionRecord | None = None
+    ) -> RewindOutcome:
+        """Applies a recorded undo: files, then the conversation. Idempotent (recovery runs it).
+        `session`: the session's record as the plan read it; None when recovering."""
+        session = session if session is not None else worker.record
         intent = UndoIntent.of(record)
         outcome = intent.outcome
         files = intent.files
         if files is not None and files.paths and not record.files_applied:
             await self._snapshot_files.restore(
-                worker, record.rewind_id, files.before, files.paths, files.now, of="undo"
+                session, record.rewind_id, files.before, files.paths, files.now, of="undo"
             )
-            if worker.record.workspace_snapshots:
+            if session.workspace_snapshots:
                 await self._snapshot_files.record_after(
-                    worker, record.rewind_id, files.whole, files.before, files.paths
+                    session, record.rewind_id, files.whole, files.before, files.paths
                 )
             faults.point("undo.files_restored")
             if intent.leaf:
@@ -221,7 +227,7 @@ class Undo:
             session_id=worker.session_id,
             rewind_id=intent.undoes,
             principal=record.principal,
-            data=event_data(record.message_id, record.mode, outcome, owner=worker.record.principal),
+            data=event_data(record.message_id, record.mode, outcome, owner=session.principal),
         )
         # The points index as the restored conversation has it, in the same transaction.
         async with worker.cutting(anchor.anchor_uuid if anchor else None) as points:
