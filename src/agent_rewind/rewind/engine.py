@@ -128,19 +128,21 @@ class RewindEngine:
             return RewindOutcome.from_json(previous.result)
 
         async def run() -> RewindOutcome:
-            async with worker.exclusive():
+            async with worker.exclusive() as session:
                 await self.resolve_pending(worker)
                 again = await recorded(self._ledger, req)
                 if again is not None and not req.validate_only:
                     assert again.result is not None
                     return RewindOutcome.from_json(again.result)
-                return await self._undo.apply(worker, req)
+                return await self._undo.apply(worker, session, req)
 
         return await tasks.shielded(run(), name=f"undo-{worker.session_id}")
 
-    async def _plan(self, worker: RewindSession, req: RewindRequest, *, preview: bool = False) -> _Plan:
-        """`preview`: a dry run, whose files half from checkpoints is the CLI's own preview."""
-        session = worker.record
+    async def _plan(
+        self, worker: RewindSession, session: SessionRecord, req: RewindRequest, *, preview: bool = False
+    ) -> _Plan:
+        """`session`: its record as the hold gave it; `preview`: a dry run, whose files half from
+        checkpoints is the CLI's own preview."""
         reading = await worker.transcript()
         view = reading.view
         # Before resolving: a target dropped by a rewind the caller did not see is a conflict too.
@@ -251,9 +253,9 @@ class RewindEngine:
 
     async def dry_run(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
         """Previews a rewind; refusals are reported inside the result."""
-        async with worker.exclusive():
+        async with worker.exclusive() as session:
             await self.resolve_pending(worker)
-            plan = await self._plan(worker, req, preview=True)
+            plan = await self._plan(worker, session, req, preview=True)
             last = plan.last_message_id
             if plan.conversation.can_rewind:
                 assert plan.index is not None
@@ -288,14 +290,14 @@ class RewindEngine:
         source = "checkpoint" if req.mode.files else "none"
         with tracing.span("rewind", session_id=worker.session_id, mode=req.mode.value) as span:
             try:
-                async with contextlib.nullcontext() if held else worker.exclusive():
+                async with contextlib.nullcontext(worker.record) if held else worker.exclusive() as session:
                     await self.resolve_pending(worker)
                     previous = await recorded(self._ledger, req)
                     if previous is not None:  # finished just now by resolve_pending, or before
                         assert previous.result is not None
                         outcome = "retried"
                         return RewindOutcome.from_json(previous.result)
-                    result = await self._rewind_locked(worker, req)
+                    result = await self._rewind_locked(worker, session, req)
                     outcome = "applied"
                     if req.mode.files:
                         source = result.files.source
@@ -310,9 +312,11 @@ class RewindEngine:
                 if outcome != "retried":
                     metrics.REWINDS.labels(req.mode.value, outcome, source).inc()
 
-    async def _rewind_locked(self, worker: RewindSession, req: RewindRequest) -> RewindOutcome:
+    async def _rewind_locked(
+        self, worker: RewindSession, session: SessionRecord, req: RewindRequest
+    ) -> RewindOutcome:
         with tracing.span("rewind.plan") as span:
-            plan = await self._plan(worker, req)
+            plan = await self._plan(worker, session, req)
             span.set(
                 files_changed=len(plan.files.files_changed),
                 messages_dropped=plan.conversation.messages_dropped,

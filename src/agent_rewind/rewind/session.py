@@ -25,9 +25,9 @@ class RewindSession(Protocol):
     # Where the CLI keeps the session's file backups (its checkpoints' content).
     file_history: Path
 
-    def exclusive(self) -> AbstractAsyncContextManager[None]:
-        """The session held for a rewind: TURN_IN_FLIGHT at once while a turn runs, never queued;
-        SESSION_NOT_FOUND once it is being deleted."""
+    def exclusive(self) -> AbstractAsyncContextManager[SessionRecord]:
+        """The session held for a rewind, and its record as it is while held: TURN_IN_FLIGHT at
+        once while a turn runs, never queued; SESSION_NOT_FOUND once it is being deleted."""
         ...
 
     async def transcript(self) -> Reading:

@@ -153,9 +153,9 @@ class Undo:
             conversation = ConversationHalf(True, True, False, 0)
         return RewindOutcome(plan.target.rewind_id, files, conversation, last)
 
-    async def apply(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
-        """Under the session's lock, pending intents resolved."""
-        session = worker.record
+    async def apply(self, worker: RewindSession, session: SessionRecord, req: UndoRequest) -> RewindOutcome:
+        """Under the session's lock (`session`: its record as the hold gave it), pending intents
+        resolved."""
         plan = await self._plan(worker, session, req)
         target, files = plan.target, plan.files
         outcome = self._outcome(session, plan)

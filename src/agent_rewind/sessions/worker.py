@@ -347,8 +347,9 @@ class SessionWorker:
     # Exclusive work (rewinds)
 
     @contextlib.asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
-        """Holds the session's lock for work that must not wait behind a turn (a rewind).
+    async def exclusive(self) -> AsyncIterator[SessionRecord]:
+        """Holds the session's lock for work that must not wait behind a turn (a rewind), and
+        gives its record as it is while held.
 
         A running turn holds the lock until its result, so this checks before waiting for
         the lock as well as after getting it: a rewind is refused at once, never queued.
@@ -359,7 +360,7 @@ class SessionWorker:
             self.check_not_deleted()
             self.check_no_turn()
             try:
-                yield
+                yield self._state.record
             finally:
                 self.after_exclusive_use()
                 self.points.soon()  # what a rewind or an undo changed, and a process let go
