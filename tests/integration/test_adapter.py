@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from agent_rewind.sessions import adapter
 from agent_rewind.sessions.adapter import ClientSpec, SdkAgentClient
-from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.sessions.policy import ToolPolicy
+from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.testing import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2
 from agent_rewind.sessions.adapter import SdkAgentClient
-from agent_rewind.sessions.events import FilesAnswer
+from agent_rewind.sessions.turn_events import FilesAnswer
 from tests.integration.harness import (
     BOTH,
     CONVERSATION,

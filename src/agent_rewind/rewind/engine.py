@@ -47,7 +47,7 @@ from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.side_effects import SideEffect
 from agent_rewind.rewind.snapshot_files import SnapshotFiles
 from agent_rewind.rewind.undo import Undo
-from agent_rewind.sessions.events import FilesAnswer
+from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.snapshots import Snapshot
 from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import (

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
-from agent_rewind.sessions.events import FilesAnswer
+from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.store.ledger import EgressRecord, PointsUpdate, SessionRecord
 from agent_rewind.transcript.index import Reading
 

@@ -10,7 +10,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.errors import InvalidArgument
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome, from_event
-from agent_rewind.sessions.events import (
+from agent_rewind.sessions.turn_events import (
     AssistantEvent,
     PromptEvent,
     ResultEvent,

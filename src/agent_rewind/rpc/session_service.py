@@ -20,8 +20,8 @@ from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.rpc.handlers import streaming, unary
 from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import commands
-from agent_rewind.sessions.events import RewoundEvent, TurnEvent
 from agent_rewind.sessions.registry import NewSessionRequest, SessionRegistry, page_key
+from agent_rewind.sessions.turn_events import RewoundEvent, TurnEvent
 from agent_rewind.sessions.turns import Prelude
 from agent_rewind.sessions.worker import SessionWorker
 

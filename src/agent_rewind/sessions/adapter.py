@@ -47,7 +47,8 @@ from claude_agent_sdk import (
 from opentelemetry import context as otel_context
 
 from agent_rewind.sessions import tools
-from agent_rewind.sessions.events import (
+from agent_rewind.sessions.policy import FILE_TOOLS, ToolPolicy
+from agent_rewind.sessions.turn_events import (
     AssistantEvent,
     ConversationAnswer,
     FilesAnswer,
@@ -57,7 +58,6 @@ from agent_rewind.sessions.events import (
     ToolResultEvent,
     TurnEvent,
 )
-from agent_rewind.sessions.policy import FILE_TOOLS, ToolPolicy
 
 log = structlog.get_logger(__name__)
 

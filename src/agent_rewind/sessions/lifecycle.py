@@ -26,9 +26,9 @@ from agent_rewind.errors import (
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec, pin_leaf
 from agent_rewind.sessions.conversation import TranscriptView
-from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer
 from agent_rewind.sessions.points import SessionPoints
 from agent_rewind.sessions.state import SessionState
+from agent_rewind.sessions.turn_events import ConversationAnswer, FilesAnswer
 from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import Ledger
 from agent_rewind.transcript import compaction

@@ -26,9 +26,9 @@ from agent_rewind.errors import (
 )
 from agent_rewind.sessions.adapter import AgentClient, AgentError
 from agent_rewind.sessions.conversation import TranscriptView
-from agent_rewind.sessions.events import PromptEvent, ResultEvent
 from agent_rewind.sessions.points import SessionPoints
 from agent_rewind.sessions.state import SessionState
+from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
 from agent_rewind.snapshots.taking import TURN_END, TURN_START, Snapshots
 from agent_rewind.store.ledger import Ledger, NewRequest, RequestIdTaken, dumps

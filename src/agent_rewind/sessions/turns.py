@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from agent_rewind.errors import AgentRewindError
-from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent, TurnEvent
 
 # Runs under the session lock before the prompt is sent (PromptRequest.rewind); returns the event
 # the stream opens with.

@@ -37,7 +37,6 @@ from agent_rewind import tasks
 from agent_rewind.sessions import lifecycle, running
 from agent_rewind.sessions.adapter import AgentClient
 from agent_rewind.sessions.conversation import TranscriptView
-from agent_rewind.sessions.events import FilesAnswer
 from agent_rewind.sessions.lifecycle import Lifecycle
 from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.points import SessionPoints
@@ -45,6 +44,7 @@ from agent_rewind.sessions.process import AgentProcess, ClientFactory
 from agent_rewind.sessions.running import TurnRunner
 from agent_rewind.sessions.state import SessionState
 from agent_rewind.sessions.status import State
+from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord

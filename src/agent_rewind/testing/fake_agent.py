@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rewind.sessions.adapter import AgentError, ClientSpec
-from agent_rewind.sessions.events import (
+from agent_rewind.sessions.turn_events import (
     AssistantEvent,
     ConversationAnswer,
     FilesAnswer,

@@ -21,7 +21,7 @@ import pytest
 from agent_rewind.rewind.calls import RewindRequest, UndoRequest
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rewind.outcome import Mode
-from agent_rewind.sessions.events import ResultEvent
+from agent_rewind.sessions.turn_events import ResultEvent
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots import Limits
 from agent_rewind.snapshots.taking import Snapshots

@@ -24,7 +24,7 @@ from agent_rewind.errors import (
 from agent_rewind.metrics import REGISTRY
 from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode, RewindOutcome
 from agent_rewind.rewind.workspace import OVERWRITE, SKIP
-from agent_rewind.sessions.events import ResultEvent
+from agent_rewind.sessions.turn_events import ResultEvent
 from agent_rewind.store.ledger import Anchor, NewRewind
 from tests.unit.rewind.fakes import SOON, MakeSetup, crash_once, within
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_rewind.errors import StorageUnavailable
-from agent_rewind.sessions.events import PromptEvent, TurnEvent
+from agent_rewind.sessions.turn_events import PromptEvent, TurnEvent
 from agent_rewind.sessions.turns import Turn
 from agent_rewind.sessions.worker import SessionWorker
 from agent_rewind.store.ledger import Anchor, NewEvent, NewRewind

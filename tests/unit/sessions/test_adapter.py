@@ -38,7 +38,8 @@ from agent_rewind.sessions.adapter import (
     cli_binary,
     to_events,
 )
-from agent_rewind.sessions.events import (
+from agent_rewind.sessions.policy import FILE_TOOLS, ToolPolicy
+from agent_rewind.sessions.turn_events import (
     AssistantEvent,
     ConversationAnswer,
     FilesAnswer,
@@ -48,7 +49,6 @@ from agent_rewind.sessions.events import (
     ToolResultEvent,
     TurnEvent,
 )
-from agent_rewind.sessions.policy import FILE_TOOLS, ToolPolicy
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
 PROMPT = "5d0c7a52-3f41-4c2e-9b9e-7c1f0e4d2a11"

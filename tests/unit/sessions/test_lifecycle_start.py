@@ -16,7 +16,7 @@ import pytest
 
 from agent_rewind.errors import AgentUnavailable
 from agent_rewind.sessions.adapter import AgentError
-from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, ResultEvent
+from agent_rewind.sessions.turn_events import ConversationAnswer, FilesAnswer, ResultEvent
 from agent_rewind.sessions.worker import State
 from agent_rewind.store.ledger import Anchor, NewSession
 from agent_rewind.testing.fake_agent import append as _append

@@ -22,8 +22,8 @@ from agent_rewind.errors import (
     StorageUnavailable,
     TurnInFlight,
 )
-from agent_rewind.sessions.events import ResultEvent
 from agent_rewind.sessions.live import LiveSlots
+from agent_rewind.sessions.turn_events import ResultEvent
 from agent_rewind.sessions.worker import SessionWorker, State
 from tests.unit.sessions.harness import SOON, FlakyLedger, MakeWorker, collect, sent, setup, within
 

@@ -12,8 +12,8 @@ import structlog
 
 from agent_rewind.errors import AgentUnavailable, ShuttingDown
 from agent_rewind.sessions.adapter import AgentError, ClientSpec
-from agent_rewind.sessions.events import ConversationAnswer, FilesAnswer, TurnEvent
 from agent_rewind.sessions.process import AgentProcess
+from agent_rewind.sessions.turn_events import ConversationAnswer, FilesAnswer, TurnEvent
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
 SOON = 2.0

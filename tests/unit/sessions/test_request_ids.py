@@ -17,7 +17,7 @@ import pytest
 
 from agent_rewind.errors import AgentRewindError, AgentUnavailable, RequestIdReused, TurnInFlight
 from agent_rewind.sessions.adapter import AgentError
-from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.sessions.turns import Turn
 from agent_rewind.sessions.worker import SessionWorker, State
 from agent_rewind.store.ledger import NewRequest, RequestRecord

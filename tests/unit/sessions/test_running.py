@@ -16,7 +16,7 @@ import pytest
 
 from agent_rewind.errors import AgentRewindError, AgentUnavailable, StorageUnavailable, TurnInFlight
 from agent_rewind.sessions.adapter import AgentError
-from agent_rewind.sessions.events import PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.sessions.worker import SessionWorker, State
 from agent_rewind.testing.fake_agent import FakeClient, FakeFactory
 from tests.unit.sessions.harness import (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent_rewind.errors import AgentRewindError, AgentUnavailable
-from agent_rewind.sessions.events import AssistantEvent, PromptEvent, ResultEvent, TurnEvent
+from agent_rewind.sessions.turn_events import AssistantEvent, PromptEvent, ResultEvent, TurnEvent
 from agent_rewind.sessions.turns import Turn
 
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent_rewind.errors import TurnInFlight
-from agent_rewind.sessions.events import ResultEvent
+from agent_rewind.sessions.turn_events import ResultEvent
 from agent_rewind.sessions.worker import State, WorkerContext
 from agent_rewind.testing.fake_agent import FakeFactory
 from tests.unit.sessions.harness import CLI_ENV, SOON, FlakyLedger, MakeWorker, collect, sent, setup, within
