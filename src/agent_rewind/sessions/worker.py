@@ -141,8 +141,6 @@ class SessionWorker:
                 admit_turn=lambda: ctx.admit_turn(self),
             ),
         )
-        # Run once, the next time the session frees what a hibernated session need not hold.
-        self._on_forget: list[Callable[[], None]] = []
         self._reached: set[tuple[str, str, int]] = set()  # (prompt, host, port) kept as egress
         self._keeping: set[asyncio.Task[None]] = set()  # their ledger writes, until done
         self._egress: list[EgressRecord] | None = None  # what the ledger holds of them, once read
@@ -294,20 +292,12 @@ class SessionWorker:
         """Where the CLI writes this session's transcript."""
         return self._view.index().path
 
-    def on_forget(self, callback: Callable[[], None]) -> None:
-        """Runs `callback` once, the next time the session frees its transcript view (it
-        hibernates, or is deleted): what a caller keeps of that view must go with it."""
-        self._on_forget.append(callback)
-
     def forget(self) -> None:
         """Frees what a hibernated session need not hold: its transcript index and remembered
         turns come back from the disk and the ledger when next needed."""
         self._view.forget()
         self.points.forget()
         self.turns.forget()
-        callbacks, self._on_forget = self._on_forget, []
-        for callback in callbacks:
-            callback()
 
     # The process (lifecycle.py)
 
