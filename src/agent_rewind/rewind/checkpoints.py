@@ -109,7 +109,7 @@ def _holds(files: Workspace, fix: Fix) -> bool:
             return False
         fd, info = found
         backup = open_regular(fix.backup)
-        if backup < 0:
+        if backup == -1:  # not a regular file (open_regular)
             return False
         try:
             if os.fstat(backup).st_size != info.st_size:
@@ -160,7 +160,7 @@ def _apply(files: Workspace, fix: Fix) -> None:
         files.remove(fix.relative)
         return
     backup = open_regular(fix.backup)
-    if backup < 0:
+    if backup == -1:  # not a regular file (open_regular)
         raise OSError(f"the backup {fix.backup.name} is not a regular file")
     try:
         info = os.fstat(backup)

@@ -133,7 +133,7 @@ def _copy_file(name: str, dirfd: int, target: Path) -> None:
         fd = open_regular(name, dirfd)
     except FileNotFoundError:
         return  # gone since it was listed
-    if fd < 0:
+    if fd == -1:  # not a regular file (open_regular)
         return  # swapped since it was listed: not a regular file now
     try:
         mode = os.fstat(fd).st_mode & 0o777
