@@ -435,16 +435,6 @@ class SqliteLedger(SqlLedger):
     async def open(cls, path: Path, busy_timeout: float = 5.0) -> SqliteLedger:
         return await asyncio.to_thread(cls, path, busy_timeout)
 
-    # What tests that set the file up by hand reach for (tests/unit/sessions/
-    # test_points_from_the_tail.py); `dialect` holds both.
-
-    @property
-    def _reader(self) -> sqlite3.Connection:
-        return self.dialect._reader
-
-    async def _execute(self, statement: str, *args: Any) -> int:
-        return await self._db.execute(statement, *args)
-
 
 def _pragmas(db: sqlite3.Connection, pragmas: tuple[str, ...]) -> None:
     for pragma in pragmas:

@@ -36,6 +36,11 @@ LINEAR = {"plain", "synthetic", "tools"}
 SID = "0b7f3c1e-5a8d-4d6e-9f10-2a3b4c5d6e7f"
 
 
+async def _execute(ledger: SqliteLedger, statement: str, *args: Any) -> int:
+    """A statement run as the ledger runs its writes (these tests set the file up by hand)."""
+    return await ledger._db.execute(statement, *args)
+
+
 def _transcript(name: str) -> bytes:
     expected = json.loads((DATA / name / "expected.json").read_text())
     return gzip.decompress((DATA / name / expected["transcript"]).read_bytes())
@@ -121,13 +126,15 @@ async def test_an_index_made_at_any_line_and_read_on_from_its_tail_shows_what_th
 
 async def _clear(ledger: SqliteLedger) -> None:
     """No index, as before the session's first read (each cut starts from nothing)."""
-    await ledger._execute("DELETE FROM points WHERE session_id = ?", SID)
-    await ledger._execute("DELETE FROM point_heads WHERE session_id = ?", SID)
+    await _execute(ledger, "DELETE FROM points WHERE session_id = ?", SID)
+    await _execute(ledger, "DELETE FROM point_heads WHERE session_id = ?", SID)
 
 
 async def _stored_index(ledger: SqliteLedger) -> tuple[list[Any], list[Any]]:
-    heads = ledger._reader.execute("SELECT * FROM point_heads WHERE session_id = ?", (SID,)).fetchall()
-    rows = ledger._reader.execute("SELECT * FROM points WHERE session_id = ?", (SID,)).fetchall()
+    heads = ledger.dialect._reader.execute(
+        "SELECT * FROM point_heads WHERE session_id = ?", (SID,)
+    ).fetchall()
+    rows = ledger.dialect._reader.execute("SELECT * FROM points WHERE session_id = ?", (SID,)).fetchall()
     return [tuple(r) for r in heads], [tuple(r) for r in rows]
 
 
@@ -138,7 +145,7 @@ async def _restore(ledger: SqliteLedger, index: tuple[list[Any], list[Any]]) -> 
     for table, values in (("point_heads", heads), ("points", rows)):
         for row in values:
             marks = ", ".join("?" * len(row))
-            await ledger._execute(f"INSERT INTO {table} VALUES ({marks})", *row)
+            await _execute(ledger, f"INSERT INTO {table} VALUES ({marks})", *row)
 
 
 def _durability(ledger: SqliteLedger) -> list[bool]:
@@ -554,7 +561,8 @@ async def test_a_tail_larger_than_an_inline_read_is_read_in_a_thread(
 async def _cut(ledger: SqliteLedger, at: str, target: str, size: int) -> None:
     """A conversation rewind's cut at the entry `at` (to the point `target`), as its transaction
     leaves it in the ledger."""
-    await ledger._execute(
+    await _execute(
+        ledger,
         "INSERT INTO anchors (session_id, anchor_uuid, target_message_id, transcript_size, drops_turn,"
         " rewind_id) VALUES (?, ?, ?, ?, NULL, 'rewind-1')",
         *(SID, at, target, size),
