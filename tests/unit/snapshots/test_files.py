@@ -9,6 +9,7 @@ import errno
 import os
 import socket
 import stat
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from agent_rewind.snapshots import files
+from agent_rewind.snapshots.errors import UnsafePath
 from agent_rewind.snapshots.files import Workspace, open_regular, open_regular_file
 
 
@@ -285,3 +287,232 @@ def test_every_reader_opens_through_it(
         assert calls == ["file.txt"]
         monkeypatch.setattr(files, "open_regular_file", lambda *args: None)
         assert not reader(workspace)
+
+
+# What the agent plants where a workspace's path is looked at: the link itself, never its target
+
+
+def _git_oid(data: bytes) -> str:
+    """The id git itself gives a blob of these bytes."""
+    done = subprocess.run(
+        ["git", "hash-object", "--stdin"], input=data, capture_output=True, check=True, timeout=60
+    )
+    return done.stdout.decode().strip()
+
+
+def test_blob_oid_is_gits_own_id() -> None:
+    for data in (b"", b"mine\n", bytes(range(256)) * 5000):
+        assert files.blob_oid(len(data), [data[:1000], data[1000:]]) == _git_oid(data)
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_lstat_reports_a_planted_link_not_what_it_names(ws: Path, tmp_path: Path, outside: Path) -> None:
+    """A link to a file outside, to a directory, and a dangling one: each is seen as the link it
+    is (its size is its target's length), never as the file or directory it names, nor missing."""
+    (tmp_path / "elsewhere").mkdir()
+    targets = {"to-file": str(outside), "to-dir": str(tmp_path / "elsewhere"), "dangling": "nowhere"}
+    for name, target in targets.items():
+        (ws / name).symlink_to(target)
+    with Workspace(ws) as workspace:
+        for name, target in targets.items():
+            info = workspace.lstat(name)
+            assert info is not None, name
+            assert stat.S_ISLNK(info.st_mode) and info.st_size == len(os.fsencode(target)), name
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_entry_of_a_planted_link_is_the_link_hashed_by_its_target(
+    ws: Path, tmp_path: Path, outside: Path
+) -> None:
+    """A snapshot records a link as git does (mode 120000, the blob of its target's path), be it
+    to a file outside the workspace, to a directory or dangling: not the outside file's content,
+    and not nothing."""
+    (tmp_path / "elsewhere").mkdir()
+    targets = {"to-file": str(outside), "to-dir": str(tmp_path / "elsewhere"), "dangling": "nowhere"}
+    for name, target in targets.items():
+        (ws / name).symlink_to(target)
+    with Workspace(ws) as workspace:
+        for name, target in targets.items():
+            want = files.Entry(files.MODE_SYMLINK, _git_oid(os.fsencode(target)))
+            assert workspace.entry(name) == want, name
+        assert workspace.entry("file.txt") == files.Entry(files.MODE_FILE, _git_oid(b"mine\n"))
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_write_over_a_planted_link_to_a_directory_replaces_the_link(ws: Path, tmp_path: Path) -> None:
+    """The link is what is replaced: the (empty) directory it names, outside the workspace, is
+    neither removed nor written into, and the write does not fail on it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ws / "name").symlink_to(elsewhere)
+    with Workspace(ws) as workspace:
+        workspace.write("name", files.MODE_FILE, [b"restored\n"])
+    assert not (ws / "name").is_symlink() and (ws / "name").read_bytes() == b"restored\n"
+    assert elsewhere.is_dir() and list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_remove_of_a_planted_link_to_a_directory_unlinks_the_link(ws: Path, tmp_path: Path) -> None:
+    """The link goes; the (empty) directory it names, outside the workspace, stays."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ws / "name").symlink_to(elsewhere)
+    with Workspace(ws) as workspace:
+        workspace.remove("name")
+    assert not os.path.lexists(ws / "name")
+    assert elsewhere.is_dir()
+
+
+# Directories: a write makes those it needs, a read makes none
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_write_makes_its_missing_parent_directories(ws: Path) -> None:
+    with Workspace(ws) as workspace:
+        workspace.write("new/deeper/file.txt", files.MODE_FILE, [b"made\n"])
+    assert (ws / "new" / "deeper" / "file.txt").read_bytes() == b"made\n"
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_read_of_a_path_under_missing_directories_makes_none(ws: Path) -> None:
+    with Workspace(ws) as workspace:
+        assert workspace.entry("new/deeper/file.txt") is None
+        assert workspace.content("new/deeper/file.txt", 100) is None
+        assert workspace.lstat("new/deeper/file.txt") is None
+        with workspace.regular("new/deeper/file.txt") as found:
+            assert found is None
+    assert not os.path.lexists(ws / "new")
+
+
+def test_sync_flushes_the_deepest_directories_first(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory's new entries are on disk before its parent's entry naming it is flushed."""
+    with Workspace(ws) as workspace:
+        workspace.write("a/b/c/file.txt", files.MODE_FILE, [b"x"])
+        workspace.write("top.txt", files.MODE_FILE, [b"x"])
+        names = {os.stat(ws / sub).st_ino: sub for sub in (".", "a", "a/b", "a/b/c")}
+        flushed: list[str] = []
+        real_fsync = os.fsync
+
+        def recorded(fd: int) -> None:
+            flushed.append(names.get(os.fstat(fd).st_ino, "?"))
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", recorded)
+        workspace.sync()
+    assert flushed == ["a/b/c", "a/b", "a", "."]
+
+
+# The bounded read: a file of `limit` bytes is read, one byte more is refused
+
+
+def _bounded_read(ws: Path, name: str, limit: int) -> tuple[os.stat_result, bytes] | None:
+    with Workspace(ws) as workspace, workspace._directory([]) as parent:
+        return files.read(parent, name, limit)
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_file_of_exactly_the_limit_is_read_one_byte_more_is_refused(ws: Path) -> None:
+    (ws / "ten").write_bytes(b"0123456789")
+    found = _bounded_read(ws, "ten", 10)
+    assert found is not None and found[1] == b"0123456789"
+    with pytest.raises(OSError) as raised:
+        _bounded_read(ws, "ten", 9)
+    assert raised.value.errno == errno.EFBIG
+
+
+def _growing(monkeypatch: pytest.MonkeyPatch, path: Path, growth: dict[int, bytes]) -> None:
+    """Before the n-th `os.read` (from 1), `growth[n]` is appended to `path`: a file the agent
+    writes to while it is read."""
+    real_read = os.read
+    calls = [0]
+
+    def reading(fd: int, size: int) -> bytes:
+        calls[0] += 1
+        if calls[0] in growth:
+            with path.open("ab") as appended:
+                appended.write(growth[calls[0]])
+        return real_read(fd, size)
+
+    monkeypatch.setattr(os, "read", reading)
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_file_that_keeps_growing_past_the_limit_while_read_is_refused_not_cut(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its size was under the limit when looked at; it reaches the limit exactly between two
+    reads, then grows on: that is over the limit (EFBIG), not its first `limit` bytes, and no more
+    than one byte past the limit is read."""
+    (ws / "log").write_bytes(b"01234")
+    _growing(monkeypatch, ws / "log", {1: b"56789", 3: b"x" * 100})
+    with pytest.raises(OSError) as raised:
+        _bounded_read(ws, "log", 10)
+    assert raised.value.errno == errno.EFBIG
+    monkeypatch.undo()
+    (ws / "log").write_bytes(b"01234")
+    _growing(monkeypatch, ws / "log", {1: b"56789" + b"x" * 100})
+    with pytest.raises(OSError) as raised:
+        _bounded_read(ws, "log", 10)
+    assert raised.value.errno == errno.EFBIG
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_file_that_grows_while_read_is_read_to_the_limit(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (ws / "log").write_bytes(b"01234")
+    _growing(monkeypatch, ws / "log", {1: b"56789"})
+    found = _bounded_read(ws, "log", 10)
+    assert found is not None and found[1] == b"0123456789"
+
+
+@pytest.mark.usefixtures("no_leak")
+def test_a_file_read_to_its_end_is_not_read_again(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One read found its end, the size its stat data gave: what was appended after is not glued
+    on (the bytes are one version of the file, consistent with the stat data handed back)."""
+    (ws / "log").write_bytes(b"01234")
+    _growing(monkeypatch, ws / "log", {2: b"appended later"})
+    found = _bounded_read(ws, "log", 100)
+    assert found is not None
+    assert found[1] == b"01234" and found[0].st_size == 5
+
+
+# The path check
+
+
+@pytest.mark.parametrize("path", ["", "a\0b", "/etc/passwd"])
+def test_an_empty_a_nul_or_an_absolute_path_is_not_a_relative_path(path: str) -> None:
+    with pytest.raises(UnsafePath, match="not a relative path"):
+        files.split(path)
+
+
+# The root's descriptor
+
+
+def test_closing_twice_is_harmless(ws: Path) -> None:
+    workspace = Workspace(ws)
+    workspace.close()
+    workspace.close()
+    with Workspace(ws) as again:
+        again.close()
+
+
+def test_a_root_on_descriptor_0_is_closed(tmp_path: Path) -> None:
+    """A server started with its stdin closed gets descriptor 0 for a workspace's root: closing
+    the workspace closes it too."""
+    root = tmp_path / "ws"
+    # _open_root alternates between two descriptors, the lowest free one first: with 0 free the
+    # root's lands on 0 when its path has an even number of components below `/`.
+    if len(root.parts[1:]) % 2:
+        root = root / "deeper"
+    root.mkdir(parents=True)
+    saved = os.dup(0)
+    try:
+        os.close(0)
+        workspace = Workspace(root)
+        assert os.path.samefile("/proc/self/fd/0", root)
+        workspace.close()
+        with pytest.raises(OSError) as raised:
+            os.fstat(0)
+        assert raised.value.errno == errno.EBADF
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
