@@ -626,3 +626,51 @@ async def test_a_tracked_file_made_a_link_is_never_read_through(
         assert (result.files.insertions, result.files.deletions, result.files.skipped_links) == (0, 1, 1)
         assert not (cwd / "a.txt").is_symlink() and read(cwd / "b.txt") is None
         assert outside.read_text().count("\n") == 50, "the file the link named is left alone"
+
+
+async def test_a_page_that_ends_at_the_last_point_has_no_next_token(tmp_path: Path) -> None:
+    """The next token is for a page that has points: none after a page ending exactly at the end."""
+    async with serve(tmp_path) as c:
+        sid, _, ids = await _three_turns(c)
+        whole = await c.points(sid, page_size=3)
+        assert [p.message_id for p in whole.points] == ids and whole.next_page_token == ""
+        first = await c.points(sid, page_size=2)
+        assert first.next_page_token
+        second = await c.rewinds.ListRewindPoints(
+            rewind_service_pb2.ListRewindPointsRequest(
+                session_id=sid, page_size=2, page_token=first.next_page_token
+            )
+        )
+        assert [p.message_id for p in second.points] == ids[2:] and second.next_page_token == ""
+
+
+@pytest.mark.parametrize("position", [{"i": -1}, {"i": "2"}, {}], ids=["negative", "not_a_number", "none"])
+async def test_a_signed_page_token_with_a_position_no_list_has_is_refused(
+    tmp_path: Path, position: dict[str, object]
+) -> None:
+    """Defence behind the signature: a token signed with the service's own key (a key that
+    leaked, a bug that issued one) whose position is not a place in the list is refused, never
+    read as one."""
+    from agent_rewind.rpc.requests import PageTokens
+
+    async with serve(tmp_path) as c:
+        sid, _, _ = await _three_turns(c)
+        assert c.running is not None
+        tokens = PageTokens(await c.running.ledger.secret("page_tokens"))
+        forged = tokens.issue(f"points:{sid}", position)
+        request = rewind_service_pb2.ListRewindPointsRequest(session_id=sid, page_token=forged)
+        if position == {}:  # no position: the list's start
+            page = await c.rewinds.ListRewindPoints(request)
+            assert [p.index for p in page.points] == [0, 1, 2]
+            return
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.rewinds.ListRewindPoints(request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(err.value).metadata["field"] == "page_token"
+
+
+async def test_capabilities_name_the_hosts_commands_may_reach(tmp_path: Path) -> None:
+    async with serve(tmp_path, sandbox_allow_hosts=["api.example.com", "*.pypi.org"]) as c:
+        caps = await c.rewinds.GetCapabilities(rewind_service_pb2.GetCapabilitiesRequest())
+        assert caps.sandbox.enabled
+        assert list(caps.sandbox.allowed_hosts) == ["api.example.com", "*.pypi.org"]
