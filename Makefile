@@ -69,7 +69,7 @@ image-test: $(STAMP) system  ## build the image from the Dockerfile and run it a
 compat: $(STAMP) system  ## the integration suite against the newest claude-agent-sdk, in a venv of its own (minutes)
 	$(PY) scripts/compat.py $(ARGS)
 
-mutants: $(STAMP) system  ## mutation testing of the modules where a silent bug costs most (under an hour)
+mutants: $(STAMP) system  ## mutation testing of the modules where a silent bug costs most (about three hours; ARGS="--only NAME" for one group)
 	$(PY) scripts/mutants.py $(ARGS)
 
 soak: $(STAMP) system  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)

@@ -2,8 +2,8 @@
 
 Each group mutates one module and runs, for each mutant, only the tests of the group that cover
 the mutated line (pytest-gremlins' coverage-guided selection), each mutant in a subprocess of its
-own. The tests are chosen per module so the whole run fits in an hour on two cores: the module's
-unit tests and the fast integration tests that drive it through the real server in the test's
+own. The tests are chosen per module so each group takes minutes on two cores (every group:
+about three hours): the module's unit tests and the fast integration tests that drive it through the real server in the test's
 own process (a server in a process of its own runs unmutated code, so those are left out).
 
 Why pytest-gremlins (measured here, docs/reliability.md): mutmut 3.8 forks its mutant workers
