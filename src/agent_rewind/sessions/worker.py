@@ -177,17 +177,17 @@ class SessionWorker:
 
     @property
     def turn_running(self) -> bool:
-        return self.status.turn_running
+        return self._state.turn_running
 
     @property
     def gone(self) -> bool:
         """Being deleted, or deleted: nothing new runs on the session."""
-        return self.status.gone
+        return self._state.gone
 
     @property
     def deleted(self) -> bool:
         """Set by DeleteSession at the ledger's commit: from then on the session is gone for good."""
-        return self.status.deleted
+        return self._state.deleted
 
     @deleted.setter
     def deleted(self, value: bool) -> None:
