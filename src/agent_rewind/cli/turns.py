@@ -1,6 +1,7 @@
 """`agent-rewind prompt`, `rewind`, `undo` and `points`: run a turn, and move a session's history.
 
-These are the commands that take a rewind mode and a conflict policy.
+These are the commands that take a rewind mode and a conflict policy (and, for `rewind`, a scope
+and the paths it is narrowed to).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from agent_rewind.cli.common import (
 )
 from agent_rewind.client import (
     MODES,
+    SCOPES,
     Client,
     UsageError,
     follow_turn,
     format_points,
     format_rewind_result,
     parse_mode,
+    parse_scope,
     read_prompt_text,
     to_json,
 )
@@ -34,6 +37,13 @@ from agent_rewind.client import (
 def _mode_arg(text: str) -> rewind_pb2.RewindMode.ValueType:
     try:
         return parse_mode(text)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _scope_arg(text: str) -> rewind_pb2.RewindScope.ValueType:
+    try:
+        return parse_scope(text)
     except UsageError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -123,6 +133,10 @@ def _points(args: argparse.Namespace, client: Client, out: TextIO) -> int:
 def _rewind(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     if args.diff and not args.dry_run:
         raise UsageError("--diff needs --dry-run: only a preview shows what a rewind would change")
+    if args.scope == rewind_pb2.REWIND_SCOPE_TURN and args.mode != rewind_pb2.REWIND_MODE_FILES:
+        raise UsageError(
+            "--scope turn needs --mode files: a revert of one turn changes files, never the conversation"
+        )
     result = client.rewind(
         args.session_id,
         args.message_id,
@@ -132,9 +146,14 @@ def _rewind(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         request_id=args.request_id or "",
         conflict_policy=args.conflicts,
         include_diff=args.diff,
+        paths=args.paths,
+        scope=args.scope,
     )
+    if args.json:
+        print_line(out, to_json(result))
+        return 0
     print_line(
-        out, to_json(result) if args.json else format_rewind_result(result, args.mode, dry_run=args.dry_run)
+        out, format_rewind_result(result, args.mode, dry_run=args.dry_run, scope=args.scope, paths=args.paths)
     )
     return 0
 
@@ -217,12 +236,32 @@ def add_commands(
         help="with --dry-run: also print each path's change and its unified diff",
     )
     rewind.add_argument(
+        "--path",
+        dest="paths",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="narrow the files half to this file or directory (and what is under it), relative to "
+        "the workspace; repeat for more. Every other path keeps its content, and --dry-run "
+        "previews only these",
+    )
+    rewind.add_argument(
+        "--scope",
+        type=_scope_arg,
+        default=rewind_pb2.REWIND_SCOPE_UNSPECIFIED,
+        metavar="|".join(SCOPES),
+        help="since (the default): undo everything since the prompt; turn: revert only what that "
+        "prompt's turn changed in files, merged with what changed them since (later turns' and "
+        "people's changes stay). turn needs --mode files",
+    )
+    rewind.add_argument(
         "--conflicts",
         type=_conflicts_arg,
         default=rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
         metavar="|".join(CONFLICT_POLICIES),
-        help="what to do with a path also changed outside the agent: refuse the files half "
-        "(the default), skip the path, or overwrite the outside change",
+        help="what to do with a path also changed outside the agent (with --scope turn: a file "
+        "changed since in the lines the turn changed, or as a whole): refuse the files half (the "
+        "default), skip the path, or overwrite the change",
     )
     rewind.add_argument(
         "--expect-last", metavar="ID", default=None, help="refuse unless this is still the newest message"

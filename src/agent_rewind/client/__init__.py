@@ -47,12 +47,24 @@ from ._formatting import (
     summarize_input,
     to_json,
 )
-from ._parsing import MODES, UsageError, build_options, mode_name, parse_mode, parse_option, read_prompt_text
+from ._parsing import (
+    MODES,
+    SCOPES,
+    UsageError,
+    build_options,
+    mode_name,
+    parse_mode,
+    parse_option,
+    parse_scope,
+    read_prompt_text,
+    scope_name,
+)
 from ._turns import TurnOutcome, follow_turn
 
 __all__ = [
     "DEFAULT_SERVER",
     "MODES",
+    "SCOPES",
     "SERVER_ENV",
     "TLS_CA_ENV",
     "TLS_CERT_ENV",
@@ -92,11 +104,13 @@ __all__ = [
     "one_line",
     "parse_mode",
     "parse_option",
+    "parse_scope",
     "read_prompt_text",
     "render_rpc_error",
     "render_status",
     "resolve_credentials",
     "resolve_server",
+    "scope_name",
     "state_name",
     "status_from_error",
     "summarize_input",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -285,12 +285,17 @@ class Client:
         request_id: str = "",
         conflict_policy: rewind_pb2.ConflictPolicy.ValueType = rewind_pb2.CONFLICT_POLICY_UNSPECIFIED,
         include_diff: bool = False,
+        paths: Sequence[str] = (),
+        scope: rewind_pb2.RewindScope.ValueType = rewind_pb2.REWIND_SCOPE_UNSPECIFIED,
     ) -> rewind_pb2.RewindResult:
         """DryRun (applies nothing) or Rewind.
 
-        `conflict_policy`: what the files half does with a path also changed outside the agent
-        (unspecified: refuse). `include_diff`: a DryRun also returns each path's unified diff (a
-        Rewind ignores it)."""
+        `conflict_policy`: what the files half does with a path also changed outside the agent, or
+        for a revert with a file changed since the turn (unspecified: refuse). `include_diff`: a
+        DryRun also returns each path's unified diff (a Rewind ignores it). `paths`: the
+        workspace-relative files and directories the files half is narrowed to (empty: every path).
+        `scope`: REWIND_SCOPE_TURN reverts only what the turn at `message_id` changed (files mode
+        only); unspecified: everything since the point."""
         request = rewind_service_pb2.RewindRequest(
             session_id=session_id,
             message_id=message_id,
@@ -298,6 +303,8 @@ class Client:
             request_id=request_id,
             conflict_policy=conflict_policy,
             include_diff=include_diff,
+            paths=list(paths),
+            scope=scope,
         )
         if expected_last_message_id is not None:
             request.expected_last_message_id = expected_last_message_id

@@ -88,10 +88,19 @@ def _external_changes_hint(metadata: Mapping[str, str], resume_after: int | None
     )
 
 
+def _revert_conflict_hint(metadata: Mapping[str, str], resume_after: int | None) -> str:
+    return (
+        "see them with --dry-run (--diff for what the revert would apply), then revert with "
+        "--conflicts skip (leave those files as they are) or --conflicts overwrite (put them back "
+        "as they were before the turn; what changed since is lost)"
+    )
+
+
 _REASON_HINTS: dict[str, Callable[[Mapping[str, str], int | None], str]] = {
     "CURSOR_EXPIRED": _cursor_expired_hint,
     "SUBSCRIBER_TOO_SLOW": _too_slow_hint,
     "EXTERNAL_CHANGES": _external_changes_hint,
+    "REVERT_CONFLICT": _revert_conflict_hint,
 }
 
 

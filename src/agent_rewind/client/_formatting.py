@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2
 
-from ._parsing import mode_name
+from ._parsing import mode_name, scope_name
 
 PREVIEW = 60  # characters of prompt text a table shows
 _INDENT_SUBAGENT = "    "
@@ -307,6 +307,13 @@ _RESOLUTIONS = {
     rewind_pb2.CONFLICT_RESOLUTION_SKIPPED: "skipped (left as it is)",
     rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN: "overwritten (restored; the external change is lost)",
 }
+# A revert's conflicts are files changed since the turn where the turn changed them: by later
+# turns as well as by people, so "outside the agent" would be wrong, and "restored" too.
+_REVERT_RESOLUTIONS = {
+    rewind_pb2.CONFLICT_RESOLUTION_REFUSED: "refused (the revert is refused: nothing is applied)",
+    rewind_pb2.CONFLICT_RESOLUTION_SKIPPED: "skipped (left as it is)",
+    rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN: "overwritten (put back as before the turn; what changed since is lost)",
+}
 _CHANGES = {
     rewind_pb2.FILE_CHANGE_ADDED: "added",
     rewind_pb2.FILE_CHANGE_MODIFIED: "modified",
@@ -314,15 +321,20 @@ _CHANGES = {
 }
 
 
-def _conflict_lines(conflicts: Sequence[rewind_pb2.FileConflict], pad: str) -> list[str]:
-    """The paths also changed outside the agent, and what happened (or would happen) to each."""
+def _conflict_lines(conflicts: Sequence[rewind_pb2.FileConflict], pad: str, *, revert: bool) -> list[str]:
+    """The paths also changed outside the agent (for a revert: changed since in the lines the turn
+    changed, or as a whole), and what happened (or would happen) to each."""
     if not conflicts:
         return []
     noun = "conflict" if len(conflicts) == 1 else "conflicts"
-    lines = [f"{pad}{len(conflicts)} {noun} (also changed outside the agent):"]
-    lines.extend(
-        f"{pad}  {c.path}: {_RESOLUTIONS.get(c.resolution, 'unknown resolution')}" for c in conflicts
+    why = (
+        "changed since in the lines the turn changed, or as a whole"
+        if revert
+        else "also changed outside the agent"
     )
+    resolutions = _REVERT_RESOLUTIONS if revert else _RESOLUTIONS
+    lines = [f"{pad}{len(conflicts)} {noun} ({why}):"]
+    lines.extend(f"{pad}  {c.path}: {resolutions.get(c.resolution, 'unknown resolution')}" for c in conflicts)
     return lines
 
 
@@ -353,14 +365,32 @@ def _wants(mode: rewind_pb2.RewindMode.ValueType) -> tuple[bool, bool]:
     return name in ("files", "both"), name in ("conversation", "both")
 
 
+def _asked_lines(scope: rewind_pb2.RewindScope.ValueType, paths: Sequence[str]) -> list[str]:
+    """What the request narrowed, which the result does not repeat: a revert's scope, the paths."""
+    lines = []
+    if scope == rewind_pb2.REWIND_SCOPE_TURN:
+        lines.append(f"{'scope':<17}turn: reverts only what that turn changed; later changes stay")
+    if paths:
+        lines.append(f"{'paths':<17}{', '.join(paths)} (every other path keeps its content)")
+    return lines
+
+
 def format_rewind_result(
-    result: rewind_pb2.RewindResult, mode: rewind_pb2.RewindMode.ValueType, *, dry_run: bool
+    result: rewind_pb2.RewindResult,
+    mode: rewind_pb2.RewindMode.ValueType,
+    *,
+    dry_run: bool,
+    scope: rewind_pb2.RewindScope.ValueType = rewind_pb2.REWIND_SCOPE_UNSPECIFIED,
+    paths: Sequence[str] = (),
 ) -> str:
     """Both halves of a DryRun or Rewind result (for files: what serves them, and the paths also
-    changed outside the agent), then the rewind id, the newest message id and any diffs."""
+    changed outside the agent, or for a revert changed since the turn), then the rewind id, the
+    newest message id and any diffs. `scope` and `paths` are the request's: a line each comes
+    first when they narrow it (the result does not carry them)."""
     want_files, want_conversation = _wants(mode)
+    revert = scope == rewind_pb2.REWIND_SCOPE_TURN
     pad = " " * 17
-    lines: list[str] = []
+    lines = _asked_lines(scope, paths)
 
     files = result.files
     if not (files.requested or want_files):
@@ -369,7 +399,7 @@ def format_rewind_result(
         lines.extend(_refusal_lines("files", files.can_rewind, files.refusal, pad))
         if files.source in _SOURCES:
             lines.append(f"{pad}{_SOURCES[files.source]}")
-        lines.extend(_conflict_lines(files.conflicts, pad))
+        lines.extend(_conflict_lines(files.conflicts, pad, revert=revert))
     else:
         changed = len(files.files_changed)
         noun = "file" if changed == 1 else "files"
@@ -379,7 +409,7 @@ def format_rewind_result(
             f" (+{files.insertions} -{files.deletions}) · skipped links: {files.skipped_links}{source}"
         )
         lines.extend(f"{pad}  {path}" for path in files.files_changed)
-        lines.extend(_conflict_lines(files.conflicts, pad))
+        lines.extend(_conflict_lines(files.conflicts, pad, revert=revert))
 
     conv = result.conversation
     if not (conv.requested or want_conversation):
@@ -417,6 +447,8 @@ def _side_effect_lines(effects: Sequence[rewind_pb2.SideEffect], pad: str) -> li
 
 # --- rewind events -------------------------------------------------------------------------------
 
+_SINCE = (rewind_pb2.REWIND_SCOPE_UNSPECIFIED, rewind_pb2.REWIND_SCOPE_SINCE)
+
 
 def event_kind_name(kind: rewind_pb2.RewindEventKind.ValueType) -> str:
     """`REWIND_EVENT_KIND_REWOUND` -> `REWOUND`."""
@@ -428,10 +460,15 @@ def event_kind_name(kind: rewind_pb2.RewindEventKind.ValueType) -> str:
 
 
 def format_rewind_event(event: rewind_pb2.RewindEvent) -> str:
-    """One line: cursor, time, kind, session, rewind id, mode, target message, files changed,
-    messages dropped and who made the change; `-` for what the event does not carry."""
+    """One line: cursor, time, kind, session, rewind id, mode, a revert's scope and the paths the
+    files half was narrowed to (each only when set), target message, files changed, messages dropped
+    and who made the change; `-` for what the event does not carry."""
     changed = len(event.files.files_changed)
     noun = "file" if changed == 1 else "files"
+    # Scope since is what every rewind does: said only when it is not that.
+    narrowed = [] if event.scope in _SINCE else [f"scope {scope_name(event.scope)}"]
+    if event.paths:
+        narrowed.append(f"paths {', '.join(event.paths)}")
     return " · ".join(
         [
             f"cursor {event.cursor}",
@@ -441,6 +478,7 @@ def format_rewind_event(event: rewind_pb2.RewindEvent) -> str:
             f"rewind {event.rewind_id or '-'}",
             # A deleted session's event has no mode (mode_name would call it files).
             f"mode {mode_name(event.mode) if event.mode else '-'}",
+            *narrowed,
             f"message {event.message_id or '-'}",
             f"{changed} {noun} changed (+{event.files.insertions} -{event.files.deletions})",
             f"messages dropped: {event.messages_dropped}",

@@ -1,4 +1,4 @@
-"""Turning command-line text into request values: SDK options, rewind modes, prompt text."""
+"""Turning command-line text into request values: SDK options, rewind modes and scopes, prompt text."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ MODES: Mapping[str, rewind_pb2.RewindMode.ValueType] = {
     "files": rewind_pb2.REWIND_MODE_FILES,
     "conversation": rewind_pb2.REWIND_MODE_CONVERSATION,
     "both": rewind_pb2.REWIND_MODE_BOTH,
+}
+
+# `since`: everything since the point (every rewind until round 4); `turn`: only what the turn at
+# the point changed, merged with what changed since (a revert, files mode only).
+SCOPES: Mapping[str, rewind_pb2.RewindScope.ValueType] = {
+    "since": rewind_pb2.REWIND_SCOPE_SINCE,
+    "turn": rewind_pb2.REWIND_SCOPE_TURN,
 }
 
 
@@ -74,6 +81,23 @@ def mode_name(mode: rewind_pb2.RewindMode.ValueType) -> str:
         if value == mode:
             return name
     return "files" if mode == rewind_pb2.REWIND_MODE_UNSPECIFIED else f"mode {int(mode)}"
+
+
+def parse_scope(text: str) -> rewind_pb2.RewindScope.ValueType:
+    """`since` or `turn` (any case) -> the RewindScope value."""
+    try:
+        return SCOPES[text.strip().lower()]
+    except KeyError:
+        raise UsageError(f"scope must be one of {', '.join(SCOPES)}, got {text!r}") from None
+
+
+def scope_name(scope: rewind_pb2.RewindScope.ValueType) -> str:
+    """The short name of a scope (REWIND_SCOPE_UNSPECIFIED means since); the number of one this
+    client does not know."""
+    for name, value in SCOPES.items():
+        if value == scope:
+            return name
+    return "since" if scope == rewind_pb2.REWIND_SCOPE_UNSPECIFIED else str(int(scope))
 
 
 def read_prompt_text(text: str, stdin: TextIO | None = None) -> str:

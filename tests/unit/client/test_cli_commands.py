@@ -152,6 +152,12 @@ class Rewinds(rewind_service_pb2_grpc.RewindServiceServicer):
                     unified_diff="--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-new\n+old\n",
                 )
             )
+        if request.scope == rewind_pb2.REWIND_SCOPE_TURN:
+            # A revert whose one conflict (a later edit of the lines the turn changed) is skipped.
+            files.files_changed.append("src/a.py")
+            files.conflicts.append(
+                rewind_pb2.FileConflict(path="src/b.py", resolution=rewind_pb2.CONFLICT_RESOLUTION_SKIPPED)
+            )
         return rewind_pb2.RewindResult(files=files, last_message_id="last-1")
 
     def Rewind(self, request: Any, context: Any) -> rewind_pb2.RewindResult:  # noqa: N802
@@ -351,10 +357,83 @@ def test_dry_run_calls_dry_run_with_the_mode(
     assert method == "DryRun"
     assert request.mode == rewind_pb2.REWIND_MODE_FILES
     assert not request.HasField("expected_last_message_id")
-    # Without --conflicts and --diff: the server's default policy (refuse), and no diffs.
+    # Without --conflicts, --diff, --path and --scope: the server's default policy (refuse), no
+    # diffs, every path, everything since the point.
     assert request.conflict_policy == rewind_pb2.CONFLICT_POLICY_UNSPECIFIED
     assert not request.include_diff
-    assert "rewind_id        - (dry run: nothing was applied)" in capsys.readouterr().out
+    assert (list(request.paths), request.scope) == ([], rewind_pb2.REWIND_SCOPE_UNSPECIFIED)
+    out = capsys.readouterr().out
+    assert "rewind_id        - (dry run: nothing was applied)" in out
+    assert not out.startswith(("scope", "paths")), "nothing narrowed, nothing said about it"
+
+
+def test_a_revert_dry_run_sends_the_scope_and_paths_and_says_them_first(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    argv = ["--server", address, "rewind", SID, "p0", "--mode", "files", "--dry-run", "--scope", "turn"]
+    assert main([*argv, "--path", "src/", "--path", "docs/a b.md", "--conflicts", "skip"]) == 0
+    ((method, request),) = rewinds.requests
+    assert method == "DryRun"
+    assert (request.scope, list(request.paths)) == (rewind_pb2.REWIND_SCOPE_TURN, ["src/", "docs/a b.md"])
+    assert request.conflict_policy == rewind_pb2.CONFLICT_POLICY_SKIP
+    assert capsys.readouterr().out.splitlines() == [
+        "scope            turn: reverts only what that turn changed; later changes stay",
+        "paths            src/, docs/a b.md (every other path keeps its content)",
+        "files            can_rewind: yes · 1 file changed (+0 -0) · skipped links: 0",
+        "                   src/a.py",
+        "                 1 conflict (changed since in the lines the turn changed, or as a whole):",
+        "                   src/b.py: skipped (left as it is)",
+        "conversation     not requested",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  last-1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "scope"), [("since", rewind_pb2.REWIND_SCOPE_SINCE), ("TURN", rewind_pb2.REWIND_SCOPE_TURN)]
+)
+def test_scope_and_path_reach_an_applied_rewind_too(
+    flag: str, scope: int, server: tuple[str, Sessions, Rewinds]
+) -> None:
+    address, _, rewinds = server
+    argv = ["--server", address, "rewind", SID, "p0", "--mode", "files", "--scope", flag, "--path", "a.txt"]
+    assert main(argv) == 1  # the fake Rewind answers REWIND_CONFLICT
+    ((method, request),) = rewinds.requests
+    assert (method, request.scope, list(request.paths)) == ("Rewind", scope, ["a.txt"])
+
+
+@pytest.mark.parametrize("mode", ["both", "conversation"])
+def test_scope_turn_without_files_mode_is_a_usage_error_and_calls_nothing(
+    mode: str, server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server", address, "rewind", SID, "p0", "--mode", mode, "--scope", "turn", "--dry-run"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "agent-rewind rewind: error: --scope turn needs --mode files: a revert of one turn changes "
+        "files, never the conversation"
+    )
+    assert rewinds.requests == []
+
+
+def test_scope_since_goes_with_every_mode(server: tuple[str, Sessions, Rewinds]) -> None:
+    address, _, rewinds = server
+    argv = ["--server", address, "rewind", SID, "p0", "--mode", "both", "--scope", "since", "--dry-run"]
+    assert main(argv) == 0
+    assert rewinds.requests[-1][1].scope == rewind_pb2.REWIND_SCOPE_SINCE
+
+
+def test_an_unknown_scope_is_a_usage_error(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, rewinds = server
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server", address, "rewind", SID, "p0", "--mode", "files", "--scope", "all"])
+    assert exit_info.value.code == 2
+    assert "argument --scope: scope must be one of since, turn, got 'all'" in capsys.readouterr().err
+    assert rewinds.requests == []
 
 
 @pytest.mark.parametrize(

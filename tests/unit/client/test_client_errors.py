@@ -129,6 +129,25 @@ def test_external_changes_names_the_command_line_flags() -> None:
     assert "--conflicts skip" in lines[-1] and "--conflicts overwrite" in lines[-1]
 
 
+def test_revert_conflict_names_the_flags_and_what_each_keeps() -> None:
+    status = make_status(
+        code_pb2.FAILED_PRECONDITION,
+        "1 file(s) the turn changed were changed since in the same lines, or as a whole (a.txt)",
+        error_details_pb2.ErrorInfo(reason="REVERT_CONFLICT", domain=DOMAIN, metadata={"paths": "1"}),
+    )
+    lines = render_status(status)
+    assert lines[:2] == [
+        "error: FAILED_PRECONDITION REVERT_CONFLICT: 1 file(s) the turn changed were changed since in the "
+        "same lines, or as a whole (a.txt)",
+        "  paths: 1",
+    ]
+    assert lines[-1] == (
+        "hint: see them with --dry-run (--diff for what the revert would apply), then revert with "
+        "--conflicts skip (leave those files as they are) or --conflicts overwrite (put them back as "
+        "they were before the turn; what changed since is lost)"
+    )
+
+
 def test_retry_info_is_shown_for_a_retryable_agent_failure() -> None:
     status = make_status(
         code_pb2.UNAVAILABLE,

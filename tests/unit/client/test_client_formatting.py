@@ -6,6 +6,7 @@ import io
 import json
 from typing import Any
 
+import pytest
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
@@ -518,6 +519,109 @@ def test_files_refused_for_external_changes_lists_the_conflicts_and_the_source()
         "conversation     can_rewind: yes · rewound: no · messages dropped: 2",
         "rewind_id        - (dry run: nothing was applied)",
         "last_message_id  -",
+    ]
+
+
+def test_a_revert_says_its_scope_and_paths_first_and_its_conflicts_as_changed_since() -> None:
+    result = rewind_pb2.RewindResult(
+        rewind_id="rw-3",
+        files=rewind_pb2.FilesRewindResult(
+            can_rewind=True,
+            requested=True,
+            files_changed=["src/a.py", "src/new.py"],
+            insertions=2,
+            deletions=5,
+            source=rewind_pb2.FILES_SOURCE_SNAPSHOT,
+            conflicts=[
+                rewind_pb2.FileConflict(path="src/b.py", resolution=rewind_pb2.CONFLICT_RESOLUTION_SKIPPED),
+                rewind_pb2.FileConflict(
+                    path="logo.png", resolution=rewind_pb2.CONFLICT_RESOLUTION_OVERWRITTEN
+                ),
+            ],
+        ),
+        last_message_id="a9",
+    )
+    text = format_rewind_result(
+        result,
+        rewind_pb2.REWIND_MODE_FILES,
+        dry_run=False,
+        scope=rewind_pb2.REWIND_SCOPE_TURN,
+        paths=["src", "logo.png"],
+    )
+    assert text.splitlines() == [
+        "scope            turn: reverts only what that turn changed; later changes stay",
+        "paths            src, logo.png (every other path keeps its content)",
+        "files            can_rewind: yes · 2 files changed (+2 -5) · skipped links: 0"
+        " · from the workspace snapshot",
+        "                   src/a.py",
+        "                   src/new.py",
+        "                 2 conflicts (changed since in the lines the turn changed, or as a whole):",
+        "                   src/b.py: skipped (left as it is)",
+        "                   logo.png: overwritten (put back as before the turn; what changed since is lost)",
+        "conversation     not requested",
+        "rewind_id        rw-3",
+        "last_message_id  a9",
+    ]
+
+
+def test_a_refused_revert_lists_its_conflicts_as_refusing_the_revert() -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(
+            requested=True,
+            source=rewind_pb2.FILES_SOURCE_SNAPSHOT,
+            refusal=rewind_pb2.Refusal(
+                reason="REVERT_CONFLICT",
+                message="1 file(s) the turn changed were changed since",
+                metadata={"paths": "1"},
+            ),
+            conflicts=[
+                rewind_pb2.FileConflict(path="a.txt", resolution=rewind_pb2.CONFLICT_RESOLUTION_REFUSED)
+            ],
+        ),
+        last_message_id="a9",
+    )
+    text = format_rewind_result(
+        result, rewind_pb2.REWIND_MODE_FILES, dry_run=True, scope=rewind_pb2.REWIND_SCOPE_TURN
+    )
+    assert text.splitlines() == [
+        "scope            turn: reverts only what that turn changed; later changes stay",
+        "files            can_rewind: no · refused REVERT_CONFLICT: 1 file(s) the turn changed were changed since",
+        "                   paths: 1",
+        "                 from the workspace snapshot",
+        "                 1 conflict (changed since in the lines the turn changed, or as a whole):",
+        "                   a.txt: refused (the revert is refused: nothing is applied)",
+        "conversation     not requested",
+        "rewind_id        - (dry run: nothing was applied)",
+        "last_message_id  a9",
+    ]
+
+
+@pytest.mark.parametrize("scope", [rewind_pb2.REWIND_SCOPE_UNSPECIFIED, rewind_pb2.REWIND_SCOPE_SINCE])
+def test_a_rewind_since_the_point_says_only_its_paths(scope: rewind_pb2.RewindScope.ValueType) -> None:
+    result = rewind_pb2.RewindResult(
+        files=rewind_pb2.FilesRewindResult(
+            can_rewind=True,
+            requested=True,
+            files_changed=["src/a.py"],
+            conflicts=[
+                rewind_pb2.FileConflict(path="src/b.py", resolution=rewind_pb2.CONFLICT_RESOLUTION_SKIPPED)
+            ],
+        ),
+        conversation=rewind_pb2.ConversationRewindResult(can_rewind=True, messages_dropped=3, requested=True),
+    )
+    lines = format_rewind_result(
+        result,
+        rewind_pb2.REWIND_MODE_BOTH,
+        dry_run=True,
+        scope=scope,
+        paths=["src"],
+    ).splitlines()
+    assert lines[:5] == [
+        "paths            src (every other path keeps its content)",
+        "files            can_rewind: yes · 1 file changed (+0 -0) · skipped links: 0",
+        "                   src/a.py",
+        "                 1 conflict (also changed outside the agent):",
+        "                   src/b.py: skipped (left as it is)",
     ]
 
 

@@ -1,4 +1,4 @@
-"""Command-line values: SDK options, rewind modes, prompt text, the server address, the parser."""
+"""Command-line values: SDK options, rewind modes and scopes, prompt text, the server address, the parser."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from agent_rewind.client import (
     mode_name,
     parse_mode,
     parse_option,
+    parse_scope,
     read_prompt_text,
     resolve_server,
+    scope_name,
 )
 
 
@@ -94,6 +96,30 @@ def test_unspecified_mode_reads_as_files() -> None:
     assert mode_name(rewind_pb2.REWIND_MODE_BOTH) == "both"
 
 
+@pytest.mark.parametrize(
+    ("text", "scope"),
+    [
+        ("since", rewind_pb2.REWIND_SCOPE_SINCE),
+        ("turn", rewind_pb2.REWIND_SCOPE_TURN),
+        (" Turn ", rewind_pb2.REWIND_SCOPE_TURN),
+    ],
+)
+def test_scope_names(text: str, scope: int) -> None:
+    assert parse_scope(text) == scope
+
+
+@pytest.mark.parametrize("text", ["", "turns", "REWIND_SCOPE_TURN", "all"])
+def test_unknown_scope_is_a_usage_error(text: str) -> None:
+    with pytest.raises(UsageError, match="scope must be one of since, turn"):
+        parse_scope(text)
+
+
+def test_unspecified_scope_reads_as_since_and_an_unknown_one_as_its_number() -> None:
+    assert scope_name(rewind_pb2.REWIND_SCOPE_UNSPECIFIED) == "since"
+    assert scope_name(rewind_pb2.REWIND_SCOPE_TURN) == "turn"
+    assert scope_name(7) == "7"  # type: ignore[arg-type]  # a newer server's scope
+
+
 def test_dash_reads_the_prompt_from_stdin_without_the_pipe_newline() -> None:
     assert read_prompt_text("-", io.StringIO("write a.txt x\nsay done\n")) == "write a.txt x\nsay done"
     assert read_prompt_text("say hi", io.StringIO("ignored")) == "say hi"
@@ -131,6 +157,16 @@ def test_rewind_without_expect_last_sends_no_precondition() -> None:
     args = build_parser().parse_args(["rewind", "sid", "mid", "--mode", "files"])
     assert args.expect_last is None
     assert args.dry_run is False
+
+
+def test_rewind_path_repeats_in_order_and_scope_defaults_to_unspecified() -> None:
+    args = build_parser().parse_args(
+        ["rewind", "sid", "mid", "--mode", "files", "--path", "src/", "--scope", "turn", "--path", "a b.txt"]
+    )
+    assert (args.paths, args.scope) == (["src/", "a b.txt"], rewind_pb2.REWIND_SCOPE_TURN)
+    plain = build_parser().parse_args(["rewind", "sid", "mid", "--mode", "files"])
+    # Nothing narrowed: the request's own defaults, which the server reads as every path, since.
+    assert (plain.paths, plain.scope) == ([], rewind_pb2.REWIND_SCOPE_UNSPECIFIED)
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,28 @@ def test_a_files_rewind_of_one_file_and_an_undo() -> None:
     assert undone.startswith("cursor 12 · 2025-11-29T23:11:05Z · UNDONE · session ")
 
 
+def test_a_revert_narrowed_to_paths_says_its_scope_and_paths_after_the_mode() -> None:
+    files = rewind_pb2.FilesRewindResult(files_changed=["src/a.py"], insertions=3, deletions=1)
+    line = format_rewind_event(
+        rewound(
+            mode=rewind_pb2.REWIND_MODE_FILES,
+            scope=rewind_pb2.REWIND_SCOPE_TURN,
+            paths=["src", "docs/a b.md"],
+            files=files,
+            messages_dropped=0,
+        )
+    )
+    assert " · mode files · scope turn · paths src, docs/a b.md · message 3c95eabe-" in line
+    assert " · 1 file changed (+3 -1) · messages dropped: 0 · by local" in line
+
+
+def test_a_rewind_since_the_point_says_no_scope_and_a_newer_scope_its_number() -> None:
+    since = format_rewind_event(rewound(scope=rewind_pb2.REWIND_SCOPE_SINCE, paths=["a.txt"]))
+    assert " · mode both · paths a.txt · message " in since and "scope" not in since
+    assert format_rewind_event(rewound(scope=rewind_pb2.REWIND_SCOPE_SINCE)) == format_rewind_event(rewound())
+    assert " · mode both · scope 7 · message " in format_rewind_event(rewound(scope=7))
+
+
 def test_what_an_event_does_not_carry_is_a_dash() -> None:
     deleted = rewind_pb2.RewindEvent(
         cursor=3, kind=rewind_pb2.REWIND_EVENT_KIND_SESSION_DELETED, session_id=SID, occur_time=TS
