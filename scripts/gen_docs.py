@@ -5,13 +5,15 @@ tests/unit/docs/test_generated.py fails when a page's block differs from what th
 so a doc cannot drift from the code:
 
 - `flags` in docs/operations.md: every `serve` flag, its variable and default (config.SERVE_FLAGS);
-- `serve-help` in docs/cli.md: `agent-rewind serve --help` as it prints, at 100 columns;
+- `serve-help` and `rewind-help` in docs/cli.md: `agent-rewind serve --help` and
+  `agent-rewind rewind --help` as they print, at 100 columns;
 - `cli-memory` in docs/operations.md: what a live Claude Code process held when `make bench` last
   measured it (its table in docs/benchmarks.md, which `make bench ARGS=--update-docs` writes).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -21,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from agent_rewind.cli import build_parser as build_cli_parser  # noqa: E402
 from agent_rewind.config import SERVE_FLAGS, build_parser  # noqa: E402
 
 
@@ -30,19 +33,30 @@ def flag_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def serve_help() -> str:
+def _help(command: str, parser: argparse.ArgumentParser) -> str:
+    """`agent-rewind COMMAND --help` as it prints in a terminal 100 columns wide."""
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"
     try:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            build_parser("agent-rewind serve").print_help()
+            parser.print_help()
     finally:
         if previous is None:
             os.environ.pop("COLUMNS", None)
         else:
             os.environ["COLUMNS"] = previous
-    return "```text\n$ agent-rewind serve --help\n" + out.getvalue() + "```\n"
+    return f"```text\n$ agent-rewind {command} --help\n" + out.getvalue() + "```\n"
+
+
+def serve_help() -> str:
+    return _help("serve", build_parser("agent-rewind serve"))
+
+
+def rewind_help() -> str:
+    # The parser of a client command is the one its parsed arguments name.
+    args = build_cli_parser().parse_args(["rewind", "SESSION", "MESSAGE_ID", "--mode", "files"])
+    return _help("rewind", args.subparser)
 
 
 def _bench_row(label: str) -> dict[str, str]:
@@ -80,6 +94,7 @@ def _megabytes(text: str) -> float:
 BLOCKS = {
     "flags": (ROOT / "docs" / "operations.md", flag_table),
     "serve-help": (ROOT / "docs" / "cli.md", serve_help),
+    "rewind-help": (ROOT / "docs" / "cli.md", rewind_help),
     "cli-memory": (ROOT / "docs" / "operations.md", cli_memory),
 }
 
