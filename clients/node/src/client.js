@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 import { toAgentRewindError } from './errors.js';
-import { fromStruct, toStruct } from './values.js';
+import { enumValue, fromStruct, toStruct } from './values.js';
 
 /**
  * Where agent_rewind/v1/*.proto are: the repo's protos/ when this package is clients/node/ of the
@@ -44,7 +44,18 @@ function loadServices(protoDir) {
       { ...LOADER_OPTIONS, includeDirs: [protoDir] },
     );
     const v1 = /** @type {any} */ (grpc.loadPackageDefinition(definition)).agent_rewind.v1;
-    loaded.set(protoDir, { SessionService: v1.SessionService, RewindService: v1.RewindService });
+    /** @param {string} name */
+    const names = (name) => /** @type {any} */ (definition[`agent_rewind.v1.${name}`]).type.value.map((/** @type {any} */ v) => v.name);
+    loaded.set(protoDir, {
+      SessionService: v1.SessionService,
+      RewindService: v1.RewindService,
+      // The request fields that take one of these enums: [field, value names, their prefix].
+      enums: [
+        ['mode', names('RewindMode'), 'REWIND_MODE_'],
+        ['conflict_policy', names('ConflictPolicy'), 'CONFLICT_POLICY_'],
+        ['scope', names('RewindScope'), 'REWIND_SCOPE_'],
+      ],
+    });
   }
   return loaded.get(protoDir);
 }
@@ -153,16 +164,32 @@ export class AgentRewindClient {
   #sessions;
   #rewinds;
   #token;
+  #enums;
 
   /** @param {string} address @param {ConnectOptions} options */
   constructor(address, options = {}) {
-    const { SessionService, RewindService } = loadServices(options.protoDir ?? PROTO_DIR);
+    const { SessionService, RewindService, enums } = loadServices(options.protoDir ?? PROTO_DIR);
+    this.#enums = enums;
     const credentials = channelCredentials(options);
     this.address = address;
     this.#token = options.token;
     this.#channel = new grpc.Channel(address, credentials, options.channelOptions ?? {});
     this.#sessions = new SessionService(address, credentials, { channelOverride: this.#channel });
     this.#rewinds = new RewindService(address, credentials, { channelOverride: this.#channel });
+  }
+
+  /**
+   * A request (or PromptRequest.rewind) with its mode, conflict_policy and scope as the loader
+   * takes them: short names ('both', 'skip', 'turn') made whole, an unknown name a TypeError
+   * (thrown; the async methods reject with it, and nothing is sent).
+   * @template {Record<string, any>} R @param {R} request @returns {R}
+   */
+  #rewindFields(request) {
+    const out = /** @type {Record<string, any>} */ ({ ...request });
+    for (const [field, names, prefix] of this.#enums) {
+      if (field in out) out[field] = enumValue(field, names, prefix, out[field]);
+    }
+    return /** @type {R} */ (out);
   }
 
   /** @param {Record<string, string>} [extra] */
@@ -249,7 +276,8 @@ export class AgentRewindClient {
    * @param {CallOptions} [options]
    */
   prompt(request, options) {
-    return this.#stream(this.#sessions, 'Prompt', request, options, plainTurnEvent);
+    const body = request.rewind ? { ...request, rewind: this.#rewindFields(request.rewind) } : request;
+    return this.#stream(this.#sessions, 'Prompt', body, options, plainTurnEvent);
   }
 
   /** @param {{session_id: string}} request @param {CallOptions} [options] */
@@ -288,27 +316,32 @@ export class AgentRewindClient {
   }
 
   /**
+   * `mode`, `conflict_policy` and `scope` take the enum's name ('REWIND_SCOPE_TURN'), its short
+   * name ('turn', as the CLI's flags: 'files' | 'conversation' | 'both', 'refuse' | 'skip' |
+   * 'overwrite', 'since' | 'turn') or its number; any other name is a TypeError. `paths`:
+   * workspace-relative files and directories the files half is narrowed to (empty: every path).
+   * `scope` 'turn' reverts only what the turn at `message_id` changed in files (mode files only).
    * @typedef {{session_id: string, message_id: string, mode?: string | number,
    *   expected_last_message_id?: string, request_id?: string, conflict_policy?: string | number,
-   *   include_diff?: boolean}} RewindRequest
+   *   include_diff?: boolean, paths?: string[], scope?: string | number}} RewindRequest
    */
 
   /** Previews a rewind; refusals come inside the result. @param {RewindRequest} request @param {CallOptions} [options] */
-  dryRun(request, options) {
-    return this.#unary(this.#rewinds, 'DryRun', request, options);
+  async dryRun(request, options) {
+    return this.#unary(this.#rewinds, 'DryRun', this.#rewindFields(request), options);
   }
 
   /** Applies a rewind, all of it or nothing. @param {RewindRequest} request @param {CallOptions} [options] */
-  rewind(request, options) {
-    return this.#unary(this.#rewinds, 'Rewind', request, options);
+  async rewind(request, options) {
+    return this.#unary(this.#rewinds, 'Rewind', this.#rewindFields(request), options);
   }
 
   /**
    * @param {{session_id: string, rewind_id: string, request_id?: string, conflict_policy?: string | number, validate_only?: boolean}} request
    * @param {CallOptions} [options]
    */
-  undoRewind(request, options) {
-    return this.#unary(this.#rewinds, 'UndoRewind', request, options);
+  async undoRewind(request, options) {
+    return this.#unary(this.#rewinds, 'UndoRewind', this.#rewindFields(request), options);
   }
 
   /**

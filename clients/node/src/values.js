@@ -55,3 +55,28 @@ function fromValue(v) {
 export function toDate(ts) {
   return ts ? new Date(Number(ts.seconds) * 1000 + Math.floor((ts.nanos ?? 0) / 1e6)) : null;
 }
+
+/**
+ * An enum field of a request, as the loader sends it: a number as it is, or a name, whole
+ * ('REWIND_SCOPE_TURN') or short ('turn', in any case). protobufjs would send a name it does not
+ * know as the enum's 0, which for a scope means a rewind of everything since the point and for a
+ * mode a files rewind: such a name is a TypeError instead, and nothing is sent.
+ * @param {string} field the request field, for the error
+ * @param {readonly string[]} names the enum's value names, as the .proto has them
+ * @param {string} prefix what every name starts with ('REWIND_SCOPE_')
+ * @param {unknown} value
+ * @returns {string | number | undefined}
+ */
+export function enumValue(field, names, prefix, value) {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value === 'number' && Number.isInteger(value)) return value;
+  if (typeof value === 'string') {
+    if (names.includes(value)) return value;
+    const whole = prefix + value.trim().toUpperCase();
+    if (names.includes(whole)) return whole;
+  }
+  const short = names.filter((n) => !n.endsWith('_UNSPECIFIED')).map((n) => `'${n.slice(prefix.length).toLowerCase()}'`);
+  throw new TypeError(
+    `${field}: ${JSON.stringify(value)} is not one of ${short.join(', ')} (or a whole ${prefix}... name, or its number)`,
+  );
+}
