@@ -170,6 +170,17 @@ class NotServed(AgentRewindError):
         )
 
 
+class PathOutsideWorkspace(InvalidArgument):
+    """A rewind's `paths` entry that is absolute, leaves the workspace or leads through a link."""
+
+    reason = "PATH_OUTSIDE_WORKSPACE"
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            "paths", f"{path!r} {why}; name a file or directory inside the workspace, relative to it"
+        )
+
+
 class OptionNotAllowed(InvalidArgument):
     """A CreateSession option the service does not let callers set (it could leave the workspace)."""
 
@@ -203,6 +214,22 @@ class ExternalChanges(AgentRewindError):
         super().__init__(
             f"{len(paths)} path(s) the rewind would restore were also changed outside the agent "
             f"({shown}); a DryRun lists them; set conflict_policy to CONFLICT_POLICY_SKIP or CONFLICT_POLICY_OVERWRITE to go on",
+            metadata={"paths": str(len(paths))},
+        )
+
+
+class RevertConflict(AgentRewindError):
+    """A revert of one turn would overwrite what changed the same lines (or the whole file) since."""
+
+    reason = "REVERT_CONFLICT"
+
+    def __init__(self, paths: list[str]) -> None:
+        shown = ", ".join(paths[:5]) + (", ..." if len(paths) > 5 else "")
+        super().__init__(
+            f"{len(paths)} file(s) the turn changed were changed since in the same lines, or as a "
+            f"whole ({shown}); a DryRun lists them; set conflict_policy to CONFLICT_POLICY_SKIP "
+            "to leave them as they are or CONFLICT_POLICY_OVERWRITE to put them back as they were "
+            "before the turn",
             metadata={"paths": str(len(paths))},
         )
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from agent_rewind import retries
 from agent_rewind.rewind import workspace
-from agent_rewind.rewind.outcome import Mode
+from agent_rewind.rewind.outcome import SINCE, TURN, Mode
 from agent_rewind.store.ledger import Ledger, NewRequest, RewindRecord
 
 
@@ -52,11 +52,22 @@ class RewindRequest(Call):
     mode: Mode
     expected_last_message_id: str | None = None
     include_diff: bool = False  # DryRun only
+    # Workspace-relative paths the files half is narrowed to (rewind/paths.py `normalized`);
+    # empty: every path.
+    paths: tuple[str, ...] = ()
+    scope: str = SINCE
+
+    @property
+    def reverts(self) -> bool:
+        return self.scope == TURN
 
     def fingerprint(self) -> str:
         call: list[Any] = [self.session_id, self.message_id, self.mode.value, self.expected_last_message_id]
-        if self.conflict_policy != workspace.REFUSE:  # the fingerprints of older calls stay as they were
+        # The fingerprints of older calls stay as they were: what they did not have is not added.
+        if self.conflict_policy != workspace.REFUSE or self.paths or self.reverts:
             call.append(self.conflict_policy)
+        if self.paths or self.reverts:
+            call += [list(self.paths), self.scope]
         return json.dumps(call)
 
 

@@ -21,14 +21,17 @@ fix below may remove it).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from agent_rewind.rewind.diffstat import line_counts
+from agent_rewind.rewind.paths import covers
 from agent_rewind.snapshots.errors import UnsafePath
 from agent_rewind.snapshots.files import (
     MODE_EXECUTABLE,
@@ -73,9 +76,24 @@ def planned(view: ConversationView, point: RewindPoint, workspace: Path, history
     """What every file first recorded after `point` was sent (on any branch) held just before it.
     Files the CLI's snapshot at the point tracks it restores right itself. Reads nothing but
     the backups' stat data."""
+    return _fixes(view.files_before(point).items(), workspace, history)
+
+
+def chosen(
+    view: ConversationView, point: RewindPoint, workspace: Path, history: Path, paths: tuple[str, ...]
+) -> list[Fix]:
+    """What a files rewind to `point` narrowed to `paths` (rewind/paths.py) restores, which the
+    service writes itself from the CLI's backups (the CLI's restore takes every file): each file
+    the CLI's snapshot at the point tracks, as that snapshot holds it, and each file first
+    recorded after it, as `planned` has it; only those under `paths`."""
+    fixes = _fixes(view.checkpoint_files(point).items(), workspace, history)
+    return [fix for fix in fixes if covers(paths, fix.relative)]
+
+
+def _fixes(files: Iterable[tuple[str, str | None]], workspace: Path, history: Path) -> list[Fix]:
     workspace = workspace.resolve()
     fixes = []
-    for tracked, name in view.files_before(point).items():
+    for tracked, name in files:
         path = Path(os.path.normpath(workspace / tracked))
         if path == workspace or not _inside(path, workspace):
             continue
@@ -170,6 +188,83 @@ def _apply(files: Workspace, fix: Fix) -> None:
         files.write(fix.relative, mode, chunks(backup))
     finally:
         os.close(backup)
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """A narrowed files rewind from checkpoints, as planned: the fixes it writes, the links it
+    leaves (the CLI's restore skips them too), and its lines inserted and deleted (0 when a file
+    is over the bound `look` reads)."""
+
+    fixes: tuple[Fix, ...]
+    skipped_links: int
+    insertions: int
+    deletions: int
+
+
+def narrowed(fixes: list[Fix], workspace: Path) -> Narrowed:
+    """Of `fixes`, those whose file does not hold what it should and is no symbolic link, with
+    their lines counted while they and their backups fit in what `look` reads (none counted
+    past it). In a thread: it reads files, never through a link or from a FIFO."""
+    todo: list[Fix] = []
+    links = insertions = deletions = 0
+    left: int | None = MAX_LOOKED_AT_BYTES  # None: too much to count
+    with Workspace(workspace.resolve()) as files:
+        for fix in fixes:
+            if _is_link(files, fix):
+                links += 1
+                continue
+            if _holds(files, fix):
+                continue
+            todo.append(fix)
+            if left is None:
+                continue
+            try:
+                now = files.content(fix.relative, left)
+                was = _backup_text(fix, left - len(now[1] if now is not None else b""))
+            except OSError:  # past the bound (EFBIG), or unreadable: lines are not told
+                left = None
+                continue
+            left -= len(now[1] if now is not None else b"") + len(was or b"")
+            added, removed = line_counts(_text(now), was)
+            insertions += added
+            deletions += removed
+    if left is None:
+        insertions = deletions = 0
+    return Narrowed(tuple(todo), links, insertions, deletions)
+
+
+def _backup_text(fix: Fix, limit: int) -> bytes | None:
+    """The backup's bytes; OSError(EFBIG) past `limit`."""
+    if fix.backup is None:
+        return None
+    fd = open_regular(fix.backup)
+    if fd == -1:
+        raise OSError(errno.ENOENT, "the backup is not a regular file", str(fix.backup))
+    try:
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, "past the bound", str(fix.backup))
+    return data
+
+
+def apply_narrowed(fixes: list[Fix], workspace: Path) -> None:
+    """Writes the fixes of a narrowed rewind (`chosen`), leaving symbolic links as the CLI's
+    restore does; idempotent (`apply`)."""
+    try:
+        with Workspace(workspace.resolve()) as files:
+            kept = [fix for fix in fixes if not _is_link(files, fix)]
+    except (OSError, UnsafePath) as err:
+        log.error("no file of a narrowed rewind could be put back", error=str(err))
+        return
+    apply(kept, workspace)
+
+
+def _is_link(files: Workspace, fix: Fix) -> bool:
+    found = files.lstat(fix.relative)
+    return found is not None and stat.S_ISLNK(found.st_mode)
 
 
 # Workspace-relative path -> its mode and bytes (a symlink's are its target); None: nothing there.

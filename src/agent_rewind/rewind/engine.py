@@ -25,15 +25,15 @@ import structlog
 from agent_rewind import faults, metrics, tasks, tracing, workspace_paths
 from agent_rewind.errors import (
     AgentRewindError,
-    AgentUnavailable,
-    CheckpointingDisabled,
     FileCheckpointUnavailable,
     NoConversationAnchor,
     RewindConflict,
     WorkspaceOutsideRoot,
 )
 from agent_rewind.rewind import checkpoints, side_effects, workspace
+from agent_rewind.rewind import paths as rewind_paths
 from agent_rewind.rewind.calls import RewindRequest, UndoRequest, recorded
+from agent_rewind.rewind.checkpoint_files import CheckpointFiles
 from agent_rewind.rewind.intent import Applied, Intent, SnapshotRestore
 from agent_rewind.rewind.outcome import (
     ConversationHalf,
@@ -47,7 +47,6 @@ from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.side_effects import SideEffect
 from agent_rewind.rewind.snapshot_files import SnapshotFiles
 from agent_rewind.rewind.undo import Undo
-from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.snapshots import Snapshot
 from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.store.ledger import (
@@ -117,6 +116,7 @@ class RewindEngine:
         # Told of every event this engine commits (the event hub), after the commit.
         self._publish = publish
         self._snapshot_files = SnapshotFiles(ledger, snapshots)
+        self._checkpoint_files = CheckpointFiles(ledger)
         self._undo = Undo(ledger, self._snapshot_files, publish)
 
     async def undo(self, worker: RewindSession, req: UndoRequest) -> RewindOutcome:
@@ -154,6 +154,8 @@ class RewindEngine:
         now: Snapshot | None = None
         looked: checkpoints.Files | None = None
         intact = not req.mode.files or workspace_paths.intact(session.cwd)
+        if intact and req.mode.files and req.paths:
+            await asyncio.to_thread(rewind_paths.check_links, session.cwd, req.paths)
         served = await self._snapshot_files.plan(session, point, req) if req.mode.files and intact else None
         if not intact:
             # The workspace (or a directory on the way) was replaced by a link: a restore would
@@ -164,37 +166,9 @@ class RewindEngine:
         elif served is not None:
             files, restore, now = served.files, served.restore, served.now
         elif req.mode.files:
-            looked = None if preview else await self._look(session.cwd, view, point)
-            if not session.checkpointing:
-                files = FilesHalf(True, refusal=refuse(CheckpointingDisabled(worker.session_id)))
-            elif looked is not None:
-                # Planned without the CLI: the files it may change, kept for an undo; what it did
-                # change is seen once it has (`_finish`).
-                files = FilesHalf(True, True, tuple(str(Path(session.cwd) / p) for p in looked))
-            else:
-                answer = await worker.rewind_files(point.message_id, dry_run=True)
-                if answer.can_rewind:
-                    # Files the CLI would leave as a dropped branch wrote them are listed too.
-                    root = Path(session.cwd)
-                    planned = checkpoints.planned(view, point, root, worker.file_history)
-                    fixes = await asyncio.to_thread(checkpoints.needed, planned, root)
-                    listed = checkpoints.without_links(answer.files_changed)
-                    extra = tuple(str(f.path) for f in fixes if str(f.path) not in set(listed))
-                    # Its counts are of every file it listed, links' targets too: not told then.
-                    counted = listed == answer.files_changed
-                    files = FilesHalf(
-                        True,
-                        True,
-                        listed + extra,
-                        answer.insertions if counted else 0,
-                        answer.deletions if counted else 0,
-                        answer.skipped_links,
-                    )
-                else:
-                    err = FileCheckpointUnavailable(
-                        point.message_id, answer.error or "the CLI cannot rewind files"
-                    )
-                    files = FilesHalf(True, refusal=refuse(err))
+            files, looked = await self._checkpoint_files.plan(
+                worker, session, view, point, req, preview=preview
+            )
         conversation = ConversationHalf()
         if req.mode.conversation:
             if not point.resume_at_message_id:
@@ -215,21 +189,6 @@ class RewindEngine:
             looked,
             reading.index,
         )
-
-    @staticmethod
-    async def _look(
-        workspace_dir: str, view: ConversationView, point: RewindPoint
-    ) -> checkpoints.Files | None:
-        """The files a rewind to `point` from the CLI's checkpoints may change, as they are now
-        (read in a thread); None when the CLI's dry run must plan it (see checkpoints.py)."""
-        if not point.has_checkpoint or point.checkpoint_pending:
-            return None  # the CLI's answer says why, or the process holding it serves it
-        cwd = Path(workspace_dir)
-        paths = checkpoints.tracked(view, cwd)
-        if paths is None:
-            return None
-        # (with the files `checkpoints.planned` puts right)
-        return await asyncio.to_thread(checkpoints.look, cwd, paths)
 
     async def _side_effects(
         self, worker: RewindSession, view: ConversationView, point: RewindPoint
@@ -356,6 +315,8 @@ class RewindEngine:
             planned_last_message_id=plan.last_message_id,
             planned_transcript_size=plan.index.size if plan.index is not None else 0,
             observed=plan.looked is not None,
+            paths=req.paths,
+            scope=req.scope,
         )
         with tracing.span("rewind.intent", rewind_id=rewind_id):
             await self._ledger.begin_rewind(
@@ -376,26 +337,6 @@ class RewindEngine:
         record = await self._ledger.rewind(rewind_id)
         assert record is not None
         return await self._finish(worker, record, plan.looked, plan.session)
-
-    async def _restore_files(self, worker: RewindSession, record: RewindRecord, target: str) -> FilesAnswer:
-        """Restores the files of a recorded intent. A process that fails mid-request leaves the
-        outcome unknown: restoring is idempotent, so it is asked again in a new process. When that
-        fails too, the intent stays pending and is resolved before anything else happens on the
-        session."""
-        try:
-            answer = await worker.rewind_files(target, dry_run=False)
-        except AgentUnavailable as err:
-            log.warning(
-                "files restore outcome unknown; restoring again",
-                rewind_id=record.rewind_id,
-                error=err.message,
-            )
-            answer = await worker.rewind_files(target, dry_run=False)
-        if not answer.can_rewind:
-            # A definite refusal: the CLI restored nothing.
-            await self._ledger.abandon_rewind(record.rewind_id)
-            raise FileCheckpointUnavailable(target, answer.error or "the CLI cannot rewind files")
-        return answer
 
     async def _finish(
         self,
@@ -434,11 +375,7 @@ class RewindEngine:
                     faults.point("rewind.files_recorded")
         elif intent.restores_files and not record.files_applied:
             with tracing.span("rewind.files", rewind_id=record.rewind_id, files_source="checkpoint"):
-                answer = await self._restore_files(worker, record, intent.target)
-                point = view.resolve(intent.target)
-                cwd = Path(session.cwd)
-                fixes = checkpoints.planned(view, point, cwd, worker.file_history)
-                await asyncio.to_thread(checkpoints.apply, fixes, cwd)
+                files = await self._checkpoint_files.restore(worker, session, record, intent, view)
                 faults.point("rewind.files_restored")
                 if anchor is not None:
                     # Only a rewind with a conversation half needs this mark: it must be finished even
@@ -446,7 +383,6 @@ class RewindEngine:
                     # again on recovery (restoring is idempotent), which saves a synced commit.
                     await self._ledger.mark_files_applied(record.rewind_id)
                     faults.point("rewind.files_recorded")
-                files = replace(files, skipped_links=answer.skipped_links)
         conversation = intent.outcome.conversation
         last = view.last_message_id
         if anchor is not None and current:
@@ -470,7 +406,14 @@ class RewindEngine:
             session_id=worker.session_id,
             rewind_id=record.rewind_id,
             principal=record.principal,
-            data=event_data(intent.target, record.mode, final, owner=session.principal),
+            data=event_data(
+                intent.target,
+                record.mode,
+                final,
+                owner=session.principal,
+                paths=intent.paths,
+                scope=intent.scope,
+            ),
         )
         # The cut and the event, committed together with the rewind marked applied, and the points
         # index as the cut leaves it, in the same transaction.

@@ -22,10 +22,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from agent_rewind.rewind.outcome import RewindOutcome
+from agent_rewind.rewind.outcome import SINCE, RewindOutcome
 from agent_rewind.store.ledger import Anchor, RewindRecord
 
 VERSION = 1
+# Version 2 is version 1 with what an older server must not finish as version 1 would: a files
+# rewind from the CLI's checkpoints narrowed to some paths (version 1 would have the CLI restore
+# every file). Only such intents are written as version 2; every other is still version 1.
+NARROWED = 2
 
 _T = TypeVar("_T")
 
@@ -59,13 +63,14 @@ def _paths(data: dict[str, Any]) -> tuple[str, ...]:
     return tuple(paths)
 
 
-def _checked(data: Any) -> dict[str, Any]:
-    """The JSON object of a version this one reads."""
+def _checked(data: Any, versions: tuple[int, ...] = (VERSION,)) -> dict[str, Any]:
+    """The JSON object of a version this one reads (`versions`)."""
     if not isinstance(data, dict):
         raise UnreadableIntent(f"it is not a JSON object: {data!r}")
     version = data.get("version", 1)
-    if version != VERSION or isinstance(version, bool):
-        raise UnreadableIntent(f"it is of version {version!r}; this server reads version {VERSION}")
+    if version not in versions or isinstance(version, bool):
+        shown = " or ".join(str(v) for v in versions)
+        raise UnreadableIntent(f"it is of version {version!r}; this server reads version {shown}")
     return data
 
 
@@ -148,10 +153,20 @@ class Intent:
     # The files half from checkpoints was planned without the CLI: its files_changed are those
     # the rewind may change, and what it did change is seen once it has (rewind/checkpoints.py).
     observed: bool = False
+    # The paths the files half was narrowed to (empty: all), and the rewind's scope ("since", or
+    # "turn": a revert of one turn, rewind/revert.py), for its event.
+    paths: tuple[str, ...] = ()
+    scope: str = SINCE
+
+    @property
+    def narrows_checkpoints(self) -> bool:
+        """A files half from the CLI's checkpoints narrowed to some paths: the service restores
+        them from the CLI's backups itself (rewind/checkpoints.py `planned`)."""
+        return self.restores_files and self.snapshot is None and bool(self.paths)
 
     def to_json(self) -> dict[str, Any]:
-        data = {
-            "version": VERSION,
+        data: dict[str, Any] = {
+            "version": NARROWED if self.narrows_checkpoints else VERSION,
             "target": self.target,
             "files": self.restores_files,
             "snapshot": self.snapshot.to_json() if self.snapshot is not None else None,
@@ -162,13 +177,18 @@ class Intent:
             "planned_last_message_id": self.planned_last_message_id,
             "planned_transcript_size": self.planned_transcript_size,
         }
-        if self.observed:  # (written only when true: an older version's intent is written back as it was)
+        # (Each written only when set: an older version's intent is written back as it was.)
+        if self.observed:
             data["observed"] = True
+        if self.paths:
+            data["paths"] = list(self.paths)
+        if self.scope != SINCE:
+            data["scope"] = self.scope
         return data
 
     @classmethod
     def from_json(cls, data: Any) -> Intent:
-        data = _checked(data)
+        data = _checked(data, (VERSION, NARROWED))
         anchor = _object(data, "anchor")
         snapshot = _object(data, "snapshot")
         before = _object(data, "undo")
@@ -183,6 +203,8 @@ class Intent:
             planned_last_message_id=_optional(data, "planned_last_message_id", str),
             planned_transcript_size=_optional(data, "planned_transcript_size", int),
             observed=_optional(data, "observed", bool) or False,
+            paths=_paths(data) if data.get("paths") is not None else (),
+            scope=_optional(data, "scope", str) or SINCE,
         )
 
     @classmethod

@@ -43,6 +43,12 @@ class Mode(enum.Enum):
         return self in (Mode.CONVERSATION, Mode.BOTH)
 
 
+# A rewind's scope: everything since the point (every rewind before round 4), or only what the
+# point's own turn changed in files (a revert, rewind/revert.py).
+SINCE = "since"
+TURN = "turn"
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why one half would be refused: the reason and message of the error Rewind fails with."""
@@ -120,11 +126,23 @@ class RewindOutcome:
 _OWN = frozenset(f.name for f in fields(RewindOutcome))
 
 
-def event_data(target: str, mode: str, outcome: RewindOutcome, owner: str) -> dict[str, Any]:
+def event_data(
+    target: str,
+    mode: str,
+    outcome: RewindOutcome,
+    owner: str,
+    *,
+    paths: tuple[str, ...] = (),
+    scope: str = SINCE,
+) -> dict[str, Any]:
     """What a REWOUND or UNDONE event tells watchers (see above). `target`: the prompt rewound to;
-    `owner`: the session's principal, who (with admins) may see the event."""
+    `owner`: the session's principal, who (with admins) may see the event; `paths`, `scope`: the
+    request's (written only when set, as events before them were)."""
     files, conversation = outcome.files, outcome.conversation
-    return {
+    told: dict[str, Any] = {"paths": list(paths)} if paths else {}
+    if scope != SINCE:
+        told["scope"] = scope
+    return told | {
         "owner": owner,
         "message_id": target,
         "mode": mode,

@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from agent_rewind.errors import FilesUnavailable, SnapshotUnavailable, StorageUnavailable
-from agent_rewind.rewind import workspace
+from agent_rewind.rewind import revert, workspace
 from agent_rewind.rewind.calls import RewindRequest
 from agent_rewind.rewind.intent import FilesBefore, Intent
 from agent_rewind.rewind.outcome import FilesHalf, refuse
@@ -39,7 +39,7 @@ class Served:
 
     files: FilesHalf
     restore: workspace.Restore | None
-    now: Snapshot
+    now: Snapshot | None
 
 
 # What a failed restore says, of a rewind and of an undo: snapshots off, the restore rolled back,
@@ -82,26 +82,37 @@ class SnapshotFiles:
 
     async def plan(self, session: SessionRecord, point: RewindPoint, req: RewindRequest) -> Served | None:
         """The files half served by workspace snapshots; None when no snapshot was taken at the
-        point (the CLI's checkpoints serve it then)."""
+        point (the CLI's checkpoints serve it then). A revert (`req.reverts`) is served by
+        snapshots or refused: the CLI's checkpoints cannot take back one turn."""
         snaps = self.snapshots
-        if snaps is None or not session.workspace_snapshots:
-            return None
         sid, cwd = session.session_id, session.cwd
-        records = await snaps.records(sid)
+        records = await snaps.records(sid) if snaps is not None and session.workspace_snapshots else []
         first = workspace.start_of(records, point.message_id)
-        if first is None:
-            return None
+        if snaps is None or first is None:
+            if not req.reverts:
+                return None
+            state = "off" if snaps is None or not session.workspace_snapshots else "none"
+            why = "a revert of one turn needs the workspace snapshots of its start and end"
+            refusal = refuse(SnapshotUnavailable(point.message_id, state, why))
+            return Served(FilesHalf(True, refusal=refusal, source="snapshot"), None, None)
         now = await snaps.take(sid, cwd)
         store = snaps.store(sid, cwd)
         later = list(records[first:])
+        plan = revert.revert_for if req.reverts else workspace.restore_for
         try:
             restore = await snaps.run(
-                lambda: workspace.restore_for(
-                    store, point.message_id, later, now, req.conflict_policy, include_diff=req.include_diff
+                lambda: plan(
+                    store,
+                    point.message_id,
+                    later,
+                    now,
+                    req.conflict_policy,
+                    include_diff=req.include_diff,
+                    chosen=req.paths,
                 )
             )
         except SnapshotUnavailable as err:
-            if session.checkpointing:
+            if session.checkpointing and not req.reverts:
                 return None  # no complete snapshot: the CLI's checkpoints serve it, as before
             return Served(FilesHalf(True, refusal=refuse(err), source="snapshot"), None, now)
         half = FilesHalf(

@@ -29,7 +29,7 @@ from agent_rewind.errors import ExternalChanges, UndoUnavailable
 from agent_rewind.rewind import workspace
 from agent_rewind.rewind.calls import UndoRequest
 from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
-from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, RewindOutcome, event_data
+from agent_rewind.rewind.outcome import SINCE, ConversationHalf, FilesHalf, RewindOutcome, event_data
 from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.snapshot_files import SnapshotFiles
 from agent_rewind.store.ledger import (
@@ -222,12 +222,22 @@ class Undo:
                 drops_turn=None,
                 rewind_id=record.rewind_id,
             )
+        # The event tells what the rewind it undoes was narrowed to, and its scope.
+        undone = await self._ledger.rewind(intent.undoes)
+        told = Intent.of(undone) if undone is not None else None
         event = NewEvent(
             kind="UNDONE",
             session_id=worker.session_id,
             rewind_id=intent.undoes,
             principal=record.principal,
-            data=event_data(record.message_id, record.mode, outcome, owner=session.principal),
+            data=event_data(
+                record.message_id,
+                record.mode,
+                outcome,
+                owner=session.principal,
+                paths=told.paths if told is not None else (),
+                scope=told.scope if told is not None else SINCE,
+            ),
         )
         # The points index as the restored conversation has it, in the same transaction.
         async with worker.cutting(anchor.anchor_uuid if anchor else None) as points:

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_rewind.errors import ExternalChanges, SnapshotUnavailable
+from agent_rewind.errors import AgentRewindError, ExternalChanges, SnapshotUnavailable
+from agent_rewind.rewind.paths import narrowed
 from agent_rewind.snapshots import Snapshot, SnapshotStore
 from agent_rewind.snapshots.taking import REWIND_BEFORE, TURN_START
 from agent_rewind.store.ledger import SnapshotRecord
@@ -44,7 +45,7 @@ _OURS = (TURN_START, REWIND_BEFORE)
 class Restore:
     """What a files rewind served by the snapshots restores, and what it finds changed by others."""
 
-    start: str  # the tree at P's turn start: what is restored
+    start: str  # what is restored: the tree at P's turn start (a revert: the merged workspace)
     now: str  # the workspace when the rewind was planned: the rollback
     paths: tuple[str, ...]  # relative paths to make equal to `start` (after the policy) ...
     changed: tuple[str, ...]  # ... that differ now: the same, as written
@@ -53,7 +54,8 @@ class Restore:
     conflicts: tuple[tuple[str, str], ...]  # (path, resolution)
     diffs: tuple[dict[str, Any], ...] = ()
     diffs_truncated: bool = False
-    refusal: ExternalChanges | None = field(default=None, compare=False)
+    # EXTERNAL_CHANGES (a rewind) or REVERT_CONFLICT (a revert), under the REFUSE policy.
+    refusal: AgentRewindError | None = field(default=None, compare=False)
 
 
 def start_of(records: list[SnapshotRecord], message_id: str) -> int | None:
@@ -94,10 +96,11 @@ def restore_for(
     policy: str,
     *,
     include_diff: bool = False,
+    chosen: tuple[str, ...] = (),
 ) -> Restore:
     """What a files rewind to the first record's point restores (blocking: run it in the snapshot
-    threads). `records`: the session's snapshots from P's turn start on. Raises
-    SnapshotUnavailable."""
+    threads). `records`: the session's snapshots from P's turn start on; `chosen`: the paths it
+    is narrowed to (rewind/paths.py; empty: all). Raises SnapshotUnavailable."""
     check_complete(message_id, records, now)
     assert now.tree is not None
     trees = [r.tree for r in records] + [now.tree]
@@ -109,7 +112,7 @@ def restore_for(
     ours: set[str] = set()
     theirs: set[str] = set()
     for record, changes in zip(records, intervals, strict=True):
-        (ours if record.kind in _OURS else theirs).update(c.path for c in changes)
+        (ours if record.kind in _OURS else theirs).update(narrowed(chosen, (c.path for c in changes)))
     conflicted = sorted(ours & theirs)
     restored = sorted(ours - set(conflicted)) if policy == SKIP else sorted(ours)
     refusal = ExternalChanges(conflicted) if conflicted and policy == REFUSE else None
@@ -117,23 +120,7 @@ def restore_for(
     # Only the paths that differ now are written (the others already hold P's content).
     changed = tuple(p for p in restored if p in differing)
     insertions, deletions = store.numstat(now.tree, start, changed) if changed else (0, 0)
-    diffs: list[dict[str, Any]] = []
-    truncated = False
-    if include_diff and changed:
-        for diff in store.diff(now.tree, start, changed, DIFF_PATH_BYTES):
-            size = len(diff.unified_diff)
-            if sum(len(d["unified_diff"]) for d in diffs) + size > DIFF_TOTAL_BYTES:
-                truncated = True
-                break
-            diffs.append(
-                {
-                    "path": diff.path,
-                    "change": diff.change,
-                    "unified_diff": diff.unified_diff,
-                    "binary": diff.binary,
-                    "truncated": diff.truncated,
-                }
-            )
+    diffs, truncated = diffs_of(store, now.tree, start, changed) if include_diff else ((), False)
     return Restore(
         start=start,
         now=now.tree,
@@ -142,7 +129,33 @@ def restore_for(
         insertions=insertions,
         deletions=deletions,
         conflicts=tuple((p, RESOLUTIONS[policy]) for p in conflicted),
-        diffs=tuple(diffs),
+        diffs=diffs,
         diffs_truncated=truncated,
         refusal=refusal,
     )
+
+
+def diffs_of(
+    store: SnapshotStore, a: str, b: str, paths: tuple[str, ...]
+) -> tuple[tuple[dict[str, Any], ...], bool]:
+    """A dry run's diffs of `paths` from tree `a` to tree `b`, within its bounds, and whether
+    some were left out."""
+    diffs: list[dict[str, Any]] = []
+    if not paths:
+        return (), False
+    total = 0
+    for diff in store.diff(a, b, paths, DIFF_PATH_BYTES):
+        size = len(diff.unified_diff)
+        if total + size > DIFF_TOTAL_BYTES:
+            return tuple(diffs), True
+        total += size
+        diffs.append(
+            {
+                "path": diff.path,
+                "change": diff.change,
+                "unified_diff": diff.unified_diff,
+                "binary": diff.binary,
+                "truncated": diff.truncated,
+            }
+        )
+    return tuple(diffs), False

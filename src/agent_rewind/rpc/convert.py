@@ -9,7 +9,16 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.errors import InvalidArgument
-from agent_rewind.rewind.outcome import ConversationHalf, FilesHalf, Mode, Refusal, RewindOutcome, from_event
+from agent_rewind.rewind.outcome import (
+    SINCE,
+    TURN,
+    ConversationHalf,
+    FilesHalf,
+    Mode,
+    Refusal,
+    RewindOutcome,
+    from_event,
+)
 from agent_rewind.sessions.turn_events import (
     AssistantEvent,
     PromptEvent,
@@ -180,6 +189,21 @@ def mode(value: int) -> Mode:
     return found
 
 
+_SCOPES = {
+    rewind_pb2.REWIND_SCOPE_UNSPECIFIED: SINCE,
+    rewind_pb2.REWIND_SCOPE_SINCE: SINCE,
+    rewind_pb2.REWIND_SCOPE_TURN: TURN,
+}
+_EVENT_SCOPES = {SINCE: rewind_pb2.REWIND_SCOPE_SINCE, TURN: rewind_pb2.REWIND_SCOPE_TURN}
+
+
+def scope(value: int) -> str:
+    found: str | None = _SCOPES.get(value)  # type: ignore[call-overload]
+    if found is None:
+        raise InvalidArgument("scope", f"unknown RewindScope {value}")
+    return found
+
+
 def _refusal(value: Refusal | None) -> rewind_pb2.Refusal | None:
     if value is None:
         return None
@@ -286,6 +310,13 @@ def rewind_event(event: EventRecord) -> rewind_pb2.RewindEvent:
         occur_time=timestamp(event.occur_time),
         last_message_id=told.last_message_id if told is not None else "",
         conversation_changed=told.conversation.rewound if told is not None else False,
+        paths=[str(p) for p in data.get("paths", ())],
+        # An event of a rewind (or undo) says its scope; a SESSION_DELETED has none.
+        scope=(
+            _EVENT_SCOPES.get(str(data.get("scope", SINCE)), rewind_pb2.REWIND_SCOPE_UNSPECIFIED)
+            if told is not None
+            else rewind_pb2.REWIND_SCOPE_UNSPECIFIED
+        ),
     )
 
 

@@ -12,11 +12,13 @@ import grpc
 from agent_rewind import __version__
 from agent_rewind.access import Principal
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, rewind_service_pb2_grpc
-from agent_rewind.errors import InvalidArgument, NotServed, SessionNotFound, SubscriberTooSlow
+from agent_rewind.errors import InvalidArgument, SessionNotFound, SubscriberTooSlow
 from agent_rewind.events import CaughtUp, EventHub
 from agent_rewind.replicas import Elsewhere, Membership
+from agent_rewind.rewind import paths as rewind_paths
 from agent_rewind.rewind.calls import RewindRequest, UndoRequest
 from agent_rewind.rewind.engine import RewindEngine
+from agent_rewind.rewind.outcome import TURN, Mode
 from agent_rewind.rpc import convert, requests
 from agent_rewind.rpc.auth import Authenticator, current
 from agent_rewind.rpc.caches import ServiceCaches, WatchStreams
@@ -187,16 +189,18 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         return await self._records.get(session_id, principal, self._registry.stored)
 
     def _request(self, request: rewind_service_pb2.RewindRequest) -> RewindRequest:
-        # Round 4's narrowing and reverts are named in the contract but not served yet: a request
-        # that sets them is refused whole, never served as a rewind of everything.
-        if request.paths:
-            raise NotServed("RewindRequest.paths")
-        if request.scope not in (rewind_pb2.REWIND_SCOPE_UNSPECIFIED, rewind_pb2.REWIND_SCOPE_SINCE):
-            raise NotServed("RewindRequest.scope REWIND_SCOPE_TURN")
+        mode = convert.mode(request.mode)
+        scope = convert.scope(request.scope)
+        if scope == TURN and mode is not Mode.FILES:
+            raise InvalidArgument(
+                "scope", "REWIND_SCOPE_TURN reverts one turn's files; it goes with REWIND_MODE_FILES only"
+            )
+        if request.paths and not mode.files:
+            raise InvalidArgument("paths", "paths narrow the files half; a conversation rewind has none")
         return RewindRequest(
             session_id=requests.session_id(request.session_id),
             message_id=required("message_id", request.message_id),
-            mode=convert.mode(request.mode),
+            mode=mode,
             expected_last_message_id=(
                 request.expected_last_message_id if request.HasField("expected_last_message_id") else None
             ),
@@ -205,6 +209,8 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             conflict_policy=convert.conflict_policy(request.conflict_policy),
             # Previews only: a Rewind ignores it, so one request can serve both calls.
             include_diff=request.include_diff,
+            paths=rewind_paths.normalized(list(request.paths)),
+            scope=scope,
         )
 
     @unary

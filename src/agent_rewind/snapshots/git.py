@@ -205,6 +205,17 @@ class Git:
             raise GitFailed(args[0], done.returncode, stderr)
         return stderr
 
+    def merge_file(self, ours: Path, base: Path, theirs: Path, deadline: float | None = None) -> bytes | None:
+        """`git merge-file` of three files (its own three-way merge by lines): the merged bytes,
+        or None when the changes of ours and theirs overlap. No file is changed."""
+        args = ("merge-file", "-p", "-q", str(ours), str(base), str(theirs))
+        done = self._complete(args, b"", deadline)
+        if done.returncode == 0:
+            return done.stdout
+        if 0 < done.returncode < 128:  # the number of conflicts
+            return None
+        raise GitFailed("merge-file", done.returncode, done.stderr.decode(errors="replace"))
+
     def run_parallel(self, commands: Sequence[Sequence[str]], deadline: float | None) -> list[bytes]:
         """Runs read-only commands at once (two cores halve a snapshot's scan); all or none
         succeed, and on the deadline every one of them is killed."""

@@ -41,6 +41,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -51,7 +52,7 @@ from typing import TypeVar
 
 import structlog
 
-from agent_rewind.snapshots import compare, gitindex, keeping, trees
+from agent_rewind.snapshots import compare, gitindex, keeping, merge, trees
 from agent_rewind.snapshots.bulk import hash_files
 from agent_rewind.snapshots.compare import DEFAULT_DIFF_BYTES, Change, ChangeKind, FileDiff, tree_id
 from agent_rewind.snapshots.errors import GitFailed, GitTimeout, RestoreError, SnapshotError, UnsafePath
@@ -523,6 +524,30 @@ class SnapshotStore:
             want = trees.entries_at(blobs, tree, targets)
             before = trees.entries_at(blobs, rollback, targets)
             restore_paths(workspace, blobs, targets, want=want, before=before)
+
+    # Reverting
+
+    def revert(
+        self, before: str, after: str, now: str, paths: Iterable[str], *, overwrite: bool
+    ) -> merge.Reverted:
+        """The tree `now` with the change of `paths` from `before` to `after` taken back, each
+        path by a three-way merge (`snapshots.merge`); the paths changed since in a way the merge
+        cannot take back are conflicts, left as they are now or (`overwrite`) put back as they
+        were in `before`. Only objects are written: the workspace is untouched."""
+        wanted = sorted(set(paths))
+        with self._lock, self._objects as objects, contextlib.ExitStack() as stack:
+            scratch: list[Path] = []
+
+            def merge_text(ours: bytes, base: bytes, theirs: bytes) -> bytes | None:
+                if not scratch:  # a directory of the store's own, never the workspace
+                    scratch.append(Path(stack.enter_context(tempfile.TemporaryDirectory(dir=self.repo))))
+                ours_file, base_file, theirs_file = (scratch[0] / name for name in ("ours", "base", "theirs"))
+                for file, text in ((ours_file, ours), (base_file, base), (theirs_file, theirs)):
+                    file.write_bytes(text)
+                deadline = time.monotonic() + self.limits.timeout_s
+                return self._reader.merge_file(ours_file, base_file, theirs_file, deadline)
+
+            return merge.revert(objects, merge_text, before, after, now, wanted, overwrite=overwrite)
 
     # Keeping
 

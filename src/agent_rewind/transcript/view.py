@@ -265,6 +265,13 @@ class ConversationView:
                 before[backup.path] = backup.name
         return before
 
+    def checkpoint_files(self, point: RewindPoint) -> dict[str, str | None]:
+        """What each file the CLI's file history knows held just before `point` was sent: those
+        its snapshot at the point tracks, as that snapshot holds them, and the ones it first
+        recorded later (`files_before`). A backup's name, or None when the file did not exist."""
+        tracked = self._store.tracked.get(point.message_id, {})
+        return {path: backup.name for path, backup in tracked.items()} | self.files_before(point)
+
     def tool_calls_from(self, point: RewindPoint) -> list[tuple[str, Entry]]:
         """The assistant entries that call tools, from `point` to the end of the conversation,
         each with the id of the prompt whose turn it is in (the turns a rewind to it takes back)."""

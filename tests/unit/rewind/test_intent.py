@@ -315,7 +315,7 @@ async def test_recovery_finishes_an_intent_written_as_the_previous_version_wrote
 # Intents this version cannot read
 
 UNREADABLE = {
-    "a later version": {**V1["conversation"], "version": 2},
+    "a later version": {**V1["conversation"], "version": 3},
     "a version that is not a number": {**V1["conversation"], "version": "1"},
     "not an object": ["target", "files"],
     "no target": {k: v for k, v in V1["conversation"].items() if k != "target"},

@@ -26,6 +26,9 @@ EXTRA_TABLE: dict[str, int] = {
     "QUOTA_EXCEEDED": code_pb2.RESOURCE_EXHAUSTED,
     "STORAGE_UNAVAILABLE": code_pb2.UNAVAILABLE,
     "INTERNAL": code_pb2.INTERNAL,
+    # Named by the contract's round 4 prose, not its table.
+    "PATH_OUTSIDE_WORKSPACE": code_pb2.INVALID_ARGUMENT,
+    "REVERT_CONFLICT": code_pb2.FAILED_PRECONDITION,
 }
 EXPECTED = {**API_TABLE, **EXTRA_TABLE}
 
@@ -65,6 +68,11 @@ SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict
     errors.WorkspaceInUse: (lambda: errors.WorkspaceInUse("/w/a", "is another session's"), {"cwd": "/w/a"}),
     errors.LiveSessionsExhausted: (lambda: errors.LiveSessionsExhausted(4), {"max_live_sessions": "4"}),
     errors.ExternalChanges: (lambda: errors.ExternalChanges(["a.txt", "b.txt"]), {"paths": "2"}),
+    errors.RevertConflict: (lambda: errors.RevertConflict(["a.txt", "b.txt", "c"]), {"paths": "3"}),
+    errors.PathOutsideWorkspace: (
+        lambda: errors.PathOutsideWorkspace("../etc", "leaves the workspace"),
+        {"field": "paths"},
+    ),
     errors.UndoUnavailable: (lambda: errors.UndoUnavailable("r-1", "a turn ran"), {"rewind_id": "r-1"}),
     errors.SnapshotUnavailable: (
         lambda: errors.SnapshotUnavailable("m-1", "over_size"),
@@ -154,6 +162,17 @@ def test_invalid_argument_carries_a_bad_request_naming_the_field() -> None:
     assert [(v.field, v.description) for v in bad.field_violations] == [
         ("options.temperature", "is not a ClaudeAgentOptions field")
     ]
+
+
+def test_a_path_outside_the_workspace_carries_a_bad_request_naming_paths() -> None:
+    status = to_status(errors.PathOutsideWorkspace("/etc/passwd", "is absolute"))
+    assert status.code == code_pb2.INVALID_ARGUMENT
+    info, others = _details(status)
+    assert info.reason == "PATH_OUTSIDE_WORKSPACE"
+    bad = error_details_pb2.BadRequest()
+    assert len(others) == 1 and others[0].Unpack(bad)
+    assert [v.field for v in bad.field_violations] == ["paths"]
+    assert "'/etc/passwd' is absolute" in bad.field_violations[0].description
 
 
 def test_other_errors_carry_no_bad_request() -> None:
