@@ -10,6 +10,7 @@ CLI's checkpoints alike.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from pathlib import Path
@@ -20,7 +21,17 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2
-from tests.integration.harness import BOTH, FILES, Client, bad_request, error_info, prompt_id, read, serve
+from tests.integration.harness import (
+    BOTH,
+    FILES,
+    RUNNING,
+    Client,
+    bad_request,
+    error_info,
+    prompt_id,
+    read,
+    serve,
+)
 
 TURN = rewind_pb2.REWIND_SCOPE_TURN
 SKIP = rewind_pb2.CONFLICT_POLICY_SKIP
@@ -277,3 +288,24 @@ async def test_a_revert_needs_the_turn_s_snapshots(tmp_path: Path) -> None:
             "off",
         )
         assert read(cwd / "a.txt") == "a0\n"
+
+
+async def test_a_revert_while_a_turn_runs_is_refused_and_applies_nothing(tmp_path: Path) -> None:
+    async with serve(tmp_path, workspace_snapshots=True) as c:
+        sid, cwd = await _session(c)
+        point = prompt_id(await c.prompt(sid, "write a.txt a0"))
+        await c.prompt(sid, "write b.txt b0")
+        turn = asyncio.ensure_future(c.prompt(sid, "sleep 2\nwrite c.txt c0"))
+        await c.wait_for_state(sid, RUNNING)
+        for call in (c.rewind, c.dry_run):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(sid, point, FILES, scope=TURN)
+            assert (err.value.code(), error_info(err.value).reason) == (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "TURN_IN_FLIGHT",
+            )
+        await turn
+        assert (read(cwd / "a.txt"), read(cwd / "c.txt")) == ("a0\n", "c0\n")
+        reverted = await c.rewind(sid, point, FILES, scope=TURN)
+        assert _names(cwd, reverted.files.files_changed) == ["a.txt"]
+        assert (read(cwd / "a.txt"), read(cwd / "b.txt"), read(cwd / "c.txt")) == (None, "b0\n", "c0\n")
