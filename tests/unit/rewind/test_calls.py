@@ -25,6 +25,16 @@ SID, RID = "s-1", "9b2f3c1e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"
             RewindRequest(session_id=SID, message_id="p-1", mode=Mode.FILES, conflict_policy="skip"),
             '["s-1", "p-1", "files", null, "skip"]',
         ),
+        (
+            RewindRequest(session_id=SID, message_id="p-1", mode=Mode.FILES, paths=("src", "a.txt")),
+            '["s-1", "p-1", "files", null, "refuse", ["src", "a.txt"], "since"]',
+        ),
+        (
+            RewindRequest(
+                session_id=SID, message_id="p-1", mode=Mode.FILES, scope="turn", conflict_policy="skip"
+            ),
+            '["s-1", "p-1", "files", null, "skip", [], "turn"]',
+        ),
         (UndoRequest(session_id=SID, rewind_id="r-1"), '["s-1", "r-1", "refuse"]'),
         (
             UndoRequest(session_id=SID, rewind_id="r-1", conflict_policy="overwrite"),
@@ -58,3 +68,16 @@ def test_a_call_is_recorded_under_its_method_and_session_only_with_a_request_id(
     assert undo.request() == NewRequest(RID, "UndoRewind", undo.fingerprint(), SID)
     assert RewindRequest(session_id=SID, message_id="p-1", mode=Mode.BOTH).request() is None
     assert UndoRequest(session_id=SID, rewind_id="r-1", request_id="").request() is None
+
+
+def test_a_revert_a_narrowed_rewind_and_a_rewind_of_everything_are_different_calls() -> None:
+    """A request id reused for a revert of the point it rewound (or for other paths) is another
+    call: REQUEST_ID_REUSED, never the first call's result."""
+    base = RewindRequest(session_id=SID, message_id="p-1", mode=Mode.FILES, request_id=RID)
+    others = [
+        RewindRequest(session_id=SID, message_id="p-1", mode=Mode.FILES, request_id=RID, scope="turn"),
+        RewindRequest(session_id=SID, message_id="p-1", mode=Mode.FILES, request_id=RID, paths=("a",)),
+        RewindRequest(session_id=SID, message_id="p-1", mode=Mode.FILES, request_id=RID, paths=("b",)),
+    ]
+    prints = {call.fingerprint() for call in [base, *others]}
+    assert len(prints) == 4

@@ -268,3 +268,67 @@ def test_a_workspace_that_cannot_be_read_needs_no_fix(tmp_path: Path) -> None:
     work, fix = _fixed(tmp_path, b"ours\n", b"before\n")
     assert checkpoints.needed([fix], tmp_path / "gone") == []
     assert checkpoints.needed([fix], work / "f.bin") == []
+
+
+# A rewind narrowed to some paths: the service writes them from the CLI's backups itself.
+
+
+def _narrowing(tmp_path: Path) -> tuple[Path, Path, SimpleNamespace]:
+    work, history = tmp_path / "work", tmp_path / "history"
+    for d in (work / "src", history):
+        d.mkdir(parents=True)
+    (history / "a@v1").write_text("a before\n")
+    (history / "x@v1").write_text("x before\none\n")
+    (work / "a.txt").write_text("a now\n")
+    (work / "src" / "x.py").write_text("x now\n")
+    (work / "src" / "new.py").write_text("made later\n")
+    (work / "b.txt").write_text("b now\n")
+    view = SimpleNamespace(
+        checkpoint_files=lambda point: {
+            "a.txt": "a@v1",
+            "src/x.py": "x@v1",
+            "src/new.py": None,
+            "b.txt": "a@v1",
+            "../escape.txt": None,
+        }
+    )
+    return work, history, view
+
+
+def test_a_narrowed_rewind_restores_only_the_chosen_files_from_the_backups(tmp_path: Path) -> None:
+    work, history, view = _narrowing(tmp_path)
+    fixes = checkpoints.chosen(view, None, work, history, ("src", "a.txt"))  # type: ignore[arg-type]
+    assert sorted(f.relative for f in fixes) == ["a.txt", "src/new.py", "src/x.py"]
+    planned = checkpoints.narrowed(fixes, work)
+    assert sorted(f.relative for f in planned.fixes) == ["a.txt", "src/new.py", "src/x.py"]
+    # a.txt: 1 line for 1; x.py: 2 for 1; new.py: 1 line removed.
+    assert (planned.insertions, planned.deletions, planned.skipped_links) == (3, 3, 0)
+    checkpoints.apply_narrowed(list(planned.fixes), work)
+    assert (work / "a.txt").read_text() == "a before\n"
+    assert (work / "src" / "x.py").read_text() == "x before\none\n"
+    assert not (work / "src" / "new.py").exists()
+    assert (work / "b.txt").read_text() == "b now\n", "not chosen: kept"
+    # Done: nothing is needed again.
+    assert checkpoints.narrowed(fixes, work).fixes == ()
+
+
+def test_a_narrowed_rewind_leaves_a_link_as_the_cli_s_restore_does_and_counts_it(tmp_path: Path) -> None:
+    work, history, view = _narrowing(tmp_path)
+    (work / "a.txt").unlink()
+    (tmp_path / "elsewhere.txt").write_text("not the workspace's\n")
+    os.symlink(tmp_path / "elsewhere.txt", work / "a.txt")
+    fixes = checkpoints.chosen(view, None, work, history, ("a.txt",))  # type: ignore[arg-type]
+    planned = checkpoints.narrowed(fixes, work)
+    assert (planned.fixes, planned.skipped_links) == ((), 1)
+    checkpoints.apply_narrowed(fixes, work)
+    assert (work / "a.txt").is_symlink()
+    assert (tmp_path / "elsewhere.txt").read_text() == "not the workspace's\n"
+
+
+def test_a_narrowed_rewind_too_big_to_count_counts_no_lines(tmp_path: Path) -> None:
+    work, history, view = _narrowing(tmp_path)
+    (history / "a@v1").write_bytes(b"line\n" * (checkpoints.MAX_LOOKED_AT_BYTES // 5 + 1))
+    fixes = checkpoints.chosen(view, None, work, history, ("a.txt", "src/x.py"))  # type: ignore[arg-type]
+    planned = checkpoints.narrowed(fixes, work)
+    assert len(planned.fixes) == 2
+    assert (planned.insertions, planned.deletions) == (0, 0), "a partial count is not told"

@@ -94,6 +94,20 @@ INTENTS = {
         planned_transcript_size=645,
     ),
     "of the first builds": Intent(TARGET, False, _outcome(conversation=CONVERSATION), ANCHOR),
+    "a revert, narrowed": Intent(
+        TARGET,
+        True,
+        _outcome(files=SNAPSHOT_FILES),
+        None,
+        snapshot=SnapshotRestore(START, NOW, ("src/a.txt",)),
+        files_before=FilesBefore(NOW, ("src/a.txt",)),
+        planned_leaf="reply-2",
+        paths=("src",),
+        scope="turn",
+    ),
+    "files from checkpoints, narrowed": Intent(
+        TARGET, True, _outcome(files=FILES), None, planned_leaf="reply-2", paths=("a.txt",)
+    ),
 }
 
 UNDO_FILES = UndoFiles(BEFORE, NOW, ("a.txt",), 1, 1, (("b.txt", "skipped"),), "checkpoint")
@@ -134,6 +148,17 @@ def test_an_applied_rewinds_result_round_trips_with_or_without_the_files_it_left
 def test_an_intent_is_written_with_its_version() -> None:
     assert INTENTS["conversation"].to_json()["version"] == 1
     assert UNDOS["conversation"].to_json()["version"] == 1
+
+
+def test_only_a_narrowed_rewind_from_checkpoints_is_written_as_version_2() -> None:
+    """An older server would finish it as version 1 says, by the CLI's restore of every file: it
+    must refuse it instead. A narrowed (or reverting) rewind served by snapshots is a snapshot
+    restore of its paths, which an older server finishes right: it stays version 1."""
+    assert INTENTS["files from checkpoints, narrowed"].to_json()["version"] == 2
+    assert INTENTS["a revert, narrowed"].to_json()["version"] == 1
+    assert INTENTS["files from checkpoints"].to_json()["version"] == 1
+    assert "paths" not in INTENTS["files from checkpoints"].to_json(), "written only when set"
+    assert "scope" not in INTENTS["files from checkpoints, narrowed"].to_json()
 
 
 def test_a_refusal_and_diffs_in_an_outcome_round_trip_too() -> None:
