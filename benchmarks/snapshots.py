@@ -4,7 +4,7 @@ Each workspace is generated here: `.gitignore`, `README.md`, `package.json` and 
 a few hundred bytes of code-like text, 20 to a directory, under `src/pkgNNN/modNNN/`, to the
 size wanted (every one of them is what a snapshot holds); plus a `node_modules/` tree of
 IGNORED files that the `.gitignore` names, so a snapshot must skip it. The same seed gives the
-same content. Five rows, each measured side by side in one run:
+same content. Six rows, each measured side by side in one run:
 
 1. `SnapshotStore.take()` after 3 files changed (rewritten, untimed), on the 1,000-file and the
    20,000-file workspace, interleaved round by round, by a store watching its workspace (as the
@@ -43,11 +43,23 @@ same content. Five rows, each measured side by side in one run:
    (only read here), as building the checkout takes a minute; every file of both is read once,
    untimed, before the rounds. Each take may run FIRST_TIMEOUT_S (not the default 30 s), so a
    slow one is measured rather than cut short.
+6. A revert of one turn (`Rewind`, FILES, `REWIND_SCOPE_TURN`) against a files `Rewind` to the
+   same point (`REWIND_SCOPE_SINCE`), on the same session and turn, at 1,000 and at 20,000 files
+   (a session with snapshots on per size, a workspace of its own, interleaved by size). Each
+   round runs two turns, untimed: the first rewrites the first line of 3 files far apart (LINES
+   lines each, written by the session's first turn), the later one the last line of the first of
+   them and of a fourth file. Then the revert of the first turn and the rewind to it, which goes
+   first alternating; the first is undone (`UndoRewind`, untimed) before the second. Checked:
+   both are served from snapshots, without conflicts, and change the files they should: the
+   revert the first turn's 3, leaving its file that the later turn also changed with the later
+   line kept (a `git merge-file`) and the fourth as the later turn left it; the rewind all 4, as
+   they were before the first turn; the undo puts back the files as the later turn left them.
 
 Set-up is untimed: the first turn with snapshots on (which hashes its whole workspace in the
 server's snapshot threads) runs while the other workspaces are generated; row 1 runs with the
 server up but idle. For what limits each row, the git processes one call starts (a take, a turn
-with snapshots on, each kind of rewind) are counted once each, untimed, after the rounds.
+with snapshots on, each kind of rewind, a revert and the rewind to its point at 20,000 files) are
+counted once each, untimed, after the rounds.
 """
 
 from __future__ import annotations
@@ -67,7 +79,7 @@ from pathlib import Path
 from typing import TypeVar
 from unittest import mock
 
-from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
+from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_service_pb2
 from agent_rewind.snapshots import Limits, SnapshotStore
 from agent_rewind.snapshots.git import Git
 from benchmarks.common import (
@@ -93,6 +105,7 @@ IGNORED = 3_000  # files under node_modules/, which the .gitignore names
 PER_DIR = 20  # source files per directory
 CHANGED = 3  # files changed before each take, written by each turn
 WRITE_BYTES = 1024  # each file a turn writes (rows 2 and 3)
+LINES = 16  # row 6: lines of each file its turns edit (the first and the last)
 
 FIRST = 100_000  # row 5: files of the workspaces whose first snapshot is timed
 FIRST_ROUNDS = 3  # row 5: first takes of each (a new store each)
@@ -105,12 +118,15 @@ MAX_TAKE_GROWTH = 2.0  # 1. take at LARGE / take at SMALL
 MAX_TURN_COST_S = 2 * MAX_TAKE_S  # 2. what a turn's two snapshots add
 MAX_DISK_RATIO = 4.0  # 3. disk added per turn / bytes the turn wrote
 MAX_REWIND_RATIO = 2.0  # 4. files Rewind from a snapshot / from a CLI checkpoint
+MAX_REVERT_RATIO = 2.0  # 6. revert of one turn / files Rewind to the same point, at each size
 MAX_FIRST_GIT_S = 1.0  # 5. first take of a FIRST-file git checkout, until the turn may start
 MAX_FIRST_PLAIN_S = 10.0  # 5. first take of FIRST files without git, until the turn may start
 
 TIMEOUT_S = 600.0  # with row 5, whose workspaces take a minute to build the first time
 SNAPSHOT = rewind_pb2.FILES_SOURCE_SNAPSHOT
 CHECKPOINT = rewind_pb2.FILES_SOURCE_CHECKPOINT
+REWIND_SCOPE_TURN = rewind_pb2.REWIND_SCOPE_TURN
+REWIND_SCOPE_SINCE = rewind_pb2.REWIND_SCOPE_SINCE
 TOP = {
     ".gitignore": "node_modules/\n*.log\n",
     "README.md": "# generated workspace\n\nA benchmark's workspace: source files under src/.\n",
@@ -124,7 +140,7 @@ class Plan:
     takes: int  # per size per round
     turn_rounds: int
     turns: int  # per side per round
-    rewind_rounds: int
+    rewind_rounds: int  # rows 4 and 6
     budget_s: float  # each phase stops after this once 3 rounds are done
     quick: bool = False
 
@@ -469,6 +485,186 @@ def _rewind_measure(s: Served, name: str, source: rewind_pb2.FilesSource.ValueTy
     return measure
 
 
+# --- row 6: a revert of one turn against a files rewind to the same point -------------------------
+
+
+def _line(rng: random.Random, head: str = "") -> str:
+    """A line of code-like text, no space at either end (the model strips a `write` line)."""
+    return head + " ".join(rng.choices(_VOCABULARY, k=10))
+
+
+def _relined(text: str, index: int, line: str) -> str:
+    """`text` with its line `index` (0: the first, -1: the last) replaced by `line`."""
+    lines = text.splitlines()
+    lines[index] = line
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class RevertRound:
+    """One round's two turns: the first one's prompt (the point), the files as they were before
+    it and after the second, and what a revert of the first must leave."""
+
+    point: str
+    before: dict[str, str]
+    now: dict[str, str]
+    reverted: dict[str, str]
+
+
+@dataclass
+class Reverting:
+    """Row 6: a session with snapshots on, of `size` files, and the 4 it edits: each round, a
+    turn rewrites the first line of the first 3, then a later turn the last line of the first of
+    them and of the fourth. Reverting the first turn takes back its lines and keeps the later
+    turn's, in the same file (a three-way merge) and in the other."""
+
+    s: Served
+    size: int
+
+    @property
+    def edited(self) -> list[str]:
+        return self.s.paths[:CHANGED]
+
+    @property
+    def later(self) -> str:
+        return self.s.paths[CHANGED]
+
+    def files(self) -> dict[str, str]:
+        return {p: (self.s.cwd / p).read_text() for p in self.s.paths}
+
+    async def write(self, files: dict[str, str]) -> str:
+        """A turn that reads each file, then writes it whole as given (the CLI writes no file the
+        conversation has not read as it is now); its prompt's id."""
+        lines = []
+        for path, text in files.items():
+            escaped = text.removesuffix("\n").replace("\n", "\\n")
+            lines += [f"read {path}", f"write {path} {escaped}"]
+        point = await self.s.c.prompt(self.s.session_id, "\n".join(lines))
+        wrong = [p for p, text in files.items() if (self.s.cwd / p).read_text() != text]
+        if wrong:
+            raise RuntimeError(f"{self.size:,} files: a turn did not write {wrong} as asked")
+        return point
+
+    async def turns(self) -> RevertRound:
+        """The round's two turns (untimed)."""
+        self.s.count += 1
+        rng, n = self.s.rng, self.s.count
+        before = self.files()
+        first = {p: _relined(before[p], 0, _line(rng, f"first turn {n}: ")) for p in self.edited}
+        point = await self.write(first)
+        after = {**before, **first}
+        later = {
+            p: _relined(after[p], -1, _line(rng, f"later turn {n}: ")) for p in (self.edited[0], self.later)
+        }
+        await self.write(later)
+        kept = self.edited[0]
+        reverted = {
+            **before,
+            kept: _relined(before[kept], -1, later[kept].splitlines()[-1]),
+            self.later: later[self.later],
+        }
+        return RevertRound(point, before, {**after, **later}, reverted)
+
+
+async def _reverting(c: Client, workspace: Workspace, seed: int) -> Reverting:
+    """A session on `workspace` (snapshots on) whose first turn (untimed; its snapshot hashes
+    every file) writes the 4 files it edits, LINES lines each, so a turn's first and last line
+    are far apart."""
+    paths = workspace.spread(0, CHANGED + 1)
+    r = Reverting(await _served(c, workspace, True, paths, seed), len(workspace.files))
+    await r.write({p: "\n".join(_line(r.s.rng) for _ in range(LINES)) + "\n" for p in paths})
+    return r
+
+
+async def _files_rewind(
+    r: Reverting, point: str, scope: rewind_pb2.RewindScope.ValueType
+) -> rewind_pb2.RewindResult:
+    result: rewind_pb2.RewindResult = await r.s.c.rewinds.Rewind(
+        rewind_service_pb2.RewindRequest(session_id=r.s.session_id, message_id=point, mode=FILES, scope=scope)
+    )
+    return result
+
+
+async def _undo(r: Reverting, rewind_id: str) -> None:
+    await r.s.c.rewinds.UndoRewind(
+        rewind_service_pb2.UndoRewindRequest(session_id=r.s.session_id, rewind_id=rewind_id)
+    )
+
+
+def _revert_measure(r: Reverting) -> Measure:
+    """Per round, on the round's two turns: the revert of the first (REWIND_SCOPE_TURN) and the
+    files rewind to the same point (REWIND_SCOPE_SINCE), which goes first alternating, the first
+    one undone (untimed) before the second. Each must come from the snapshots and leave the files
+    as its row says: the revert the later turn's lines, the rewind none of either turn's."""
+    revert_name, rewind_name = f"revert {r.size}", f"rewind {r.size}"
+
+    async def measure() -> Sample:
+        turns = await r.turns()
+        times: dict[str, float] = {}
+        # The revert changes the first turn's 3 files; the rewind those and the later turn's fourth.
+        sides = [
+            (revert_name, REWIND_SCOPE_TURN, turns.reverted, r.edited),
+            (rewind_name, REWIND_SCOPE_SINCE, turns.before, r.s.paths),
+        ]
+        for k, (name, scope, want, changed) in enumerate(sides if r.s.count % 2 else sides[::-1]):
+            if k:
+                settle()  # as `interleave` does before each measure
+            result, times[name] = await timed(_files_rewind(r, turns.point, scope))
+            got = result.files.source
+            if got != SNAPSHOT:
+                raise RuntimeError(
+                    f"{name}: served from {rewind_pb2.FilesSource.Name(got)}, not from snapshots"
+                )
+            wrote = sorted(str(Path(p).relative_to(r.s.cwd)) for p in result.files.files_changed)
+            if not result.files.can_rewind or result.files.conflicts or wrote != sorted(changed):
+                raise RuntimeError(f"{name}: changed {wrote}, not {sorted(changed)}: {result}")
+            files = r.files()
+            wrong = [p for p, text in want.items() if files[p] != text]
+            if wrong:
+                raise RuntimeError(
+                    f"{name}: left {wrong} not as it should (the later turn's lines kept or not)"
+                )
+            if k == 0:
+                await _undo(r, result.rewind_id)  # untimed: back to after the later turn
+                if r.files() != turns.now:
+                    raise RuntimeError(f"{name}: its undo did not put the files back")
+        return times
+
+    return measure
+
+
+async def _revert_rows(reverting: Sequence[Reverting], plan: Plan) -> Samples:
+    return await interleave(
+        {f"revert {r.size}": _revert_measure(r) for r in reverting},
+        plan.rewind_rounds,
+        budget_s=plan.budget_s,
+        between=settle,
+    )
+
+
+async def _revert_git(r: Reverting) -> dict[str, int]:
+    """The git processes a revert of one turn starts, and a files rewind to the same point, on a
+    round's two turns (untimed); the revert is undone (untimed) before the rewind."""
+    turns = await r.turns()
+    counts: dict[str, int] = {}
+    results: dict[str, rewind_pb2.RewindResult] = {}
+    for name, scope in (
+        (f"revert of one turn from snapshots, {r.size:,} files", REWIND_SCOPE_TURN),
+        (f"files Rewind to the same point, {r.size:,} files", REWIND_SCOPE_SINCE),
+    ):
+
+        async def call(name: str = name, scope: rewind_pb2.RewindScope.ValueType = scope) -> None:
+            results[name] = await _files_rewind(r, turns.point, scope)
+
+        counts[name] = await _git_processes(call)
+        result = results[name]
+        if result.files.source != SNAPSHOT or not result.files.can_rewind:
+            raise RuntimeError(f"{name}: not served from snapshots: {result}")
+        if scope == REWIND_SCOPE_TURN:
+            await _undo(r, result.rewind_id)
+    return counts
+
+
 @dataclass
 class Disk:
     """Row 3: the snapshot-on session's repository before and after row 2's turns."""
@@ -532,6 +728,7 @@ class Results:
     disk: Disk  # row 3
     rewinds: Samples  # row 4
     first: Samples  # row 5
+    reverts: Samples  # row 6
     git: dict[str, int] = field(default_factory=dict)  # git processes started by one call, by name
     phases: dict[str, float] = field(default_factory=dict)  # seconds spent, by phase
 
@@ -558,14 +755,24 @@ async def _run(work: Path, plan: Plan) -> Results:
                 generate(work / "store" / f"workspace-{LARGE}", LARGE, seed=LARGE + 2),
             ]
         )
+        revert_ws = await asyncio.to_thread(
+            lambda: [generate(root / f"revert-{n}", n, seed=n + 3) for n in (SMALL, LARGE)]
+        )
         big_off_ws, small_on_ws, small_off_ws = others[:3]
         big_off, small_on, small_off = await asyncio.gather(
             _served(c, big_off_ws, False, big_off_ws.new_paths(), seed=2),
             _served(c, small_on_ws, True, small_on_ws.new_paths(), seed=3),
             _served(c, small_off_ws, False, small_off_ws.new_paths(), seed=4),
         )
-        await asyncio.gather(hashing, big_off.turn(), small_on.turn(), small_off.turn())
-        phases["set-up (5 workspaces generated, 4 sessions and their first turns)"] = time.monotonic() - t0
+        # The row-6 sessions' first turns (each hashing its workspace) run with the others.
+        *_, reverting = await asyncio.gather(
+            hashing,
+            big_off.turn(),
+            small_on.turn(),
+            small_off.turn(),
+            asyncio.gather(*(_reverting(c, w, seed=5 + k) for k, w in enumerate(revert_ws))),
+        )
+        phases["set-up (7 workspaces generated, 6 sessions and their first turns)"] = time.monotonic() - t0
 
         # Row 1, the server idle: each store's first take alone, then the rounds.
         t0 = time.monotonic()
@@ -615,6 +822,11 @@ async def _run(work: Path, plan: Plan) -> Results:
         )
         phases["row 4"] = time.monotonic() - t0
 
+        # Row 6.
+        t0 = time.monotonic()
+        reverts = await _revert_rows(reverting, plan)
+        phases["row 6"] = time.monotonic() - t0
+
         # What limits them: the git processes one call starts (counted once each, untimed).
         _change(sides[-1])
         git = {
@@ -624,8 +836,9 @@ async def _run(work: Path, plan: Plan) -> Results:
             "turn, snapshots on": await _git_processes(big_on.turn),
             "files Rewind from a snapshot": await _git_processes(lambda: _one_rewind(small_on)),
             "files Rewind from a CLI checkpoint": await _git_processes(lambda: _one_rewind(small_off)),
+            **await _revert_git(reverting[-1]),
         }
-        return Results(sides, store, turns, disk, rewinds, first, git, phases)
+        return Results(sides, store, turns, disk, rewinds, first, reverts, git, phases)
 
 
 async def _now(call: Callable[[], object]) -> object:
@@ -727,6 +940,10 @@ def _report(results: Results, plan: Plan) -> Report:
         "first plain",
     )
     row("5", "  the same take until complete (recorded; snapshot_available)", first, "first plain complete")
+    reverts = results.reverts
+    for size in (SMALL, LARGE):
+        row("6", f"revert of one turn (3 files, 1 merged), {size:,} files", reverts, f"revert {size}")
+        row("6", f"files Rewind to the same point (4 files), {size:,} files", reverts, f"rewind {size}")
 
     small, large = sides[0], sides[-1]
     take_large, take_small = store.med(f"take {large.size}"), store.med(f"take {small.size}")
@@ -788,6 +1005,15 @@ def _report(results: Results, plan: Plan) -> Report:
             f"{fmt_time(first_plain)} over {first.n('first plain')} takes",
         )
     )
+    for size in (SMALL, LARGE):
+        report.targets.append(
+            ratio_target(
+                f"6. revert of one turn / files Rewind to the same point, {size:,} files",
+                reverts.med(f"revert {size}"),
+                reverts.med(f"rewind {size}"),
+                at_most=MAX_REVERT_RATIO,
+            )
+        )
 
     git = results.git
     for side in sides:
@@ -818,6 +1044,11 @@ def _report(results: Results, plan: Plan) -> Report:
         f"has its snapshot from then); at {large.size:,} files without git {fmt_time(large.first_s)} "
         f"({fmt_time(large.first_s * FIRST / large.size)} scaled to {FIRST:,}, until complete)"
     )
+    report.infos.append(
+        f"6. {LARGE:,} files / {SMALL:,} files: a revert of one turn "
+        f"{fmt_ratio(reverts.med(f'revert {LARGE}') / reverts.med(f'revert {SMALL}'))}, a files Rewind to the "
+        f"same point {fmt_ratio(reverts.med(f'rewind {LARGE}') / reverts.med(f'rewind {SMALL}'))}"
+    )
     if git:
         report.infos.append(
             "git processes started by one call: " + "; ".join(f"{name}: {n}" for name, n in git.items())
@@ -839,5 +1070,10 @@ def _report(results: Results, plan: Plan) -> Report:
         f"row 5: {first.n('first git')} first takes of each (a new store each, deleted after), interleaved, the "
         f"server idle; the {FIRST:,}-file workspaces (plus {IGNORED:,} ignored files) are generated once under "
         f"{CACHE} (the checkout committed and packed, as a clone), and stay in the page cache between takes",
+        f"row 6: a session with snapshots on per size, its workspace of its own; each round runs two turns "
+        f"(untimed): the first rewrites the first line of {CHANGED} files far apart ({LINES} lines each), the "
+        "later one the last line of the first of them and of a fourth; then the revert of the first turn and the files "
+        "Rewind to it, which goes first alternating, the first undone (untimed); the revert must keep the later "
+        f"turn's lines (one file merged by git merge-file); {reverts.n(f'revert {LARGE}')} rounds",
     ]
     return report
