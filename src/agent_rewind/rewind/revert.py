@@ -40,8 +40,8 @@ def revert_for(
     now: Snapshot,
     policy: str,
     *,
-    include_diff: bool = False,
-    chosen: tuple[str, ...] = (),
+    include_diff: bool,
+    chosen: tuple[str, ...],
 ) -> Restore:
     """What a revert of the turn of the prompt `message_id` writes (blocking: run it in the
     snapshot threads). `records`: the session's snapshots from the turn's start on; `chosen`:
@@ -52,7 +52,9 @@ def revert_for(
         raise SnapshotUnavailable(message_id, "incomplete", "the turn has no snapshot of its end")
     check_complete(message_id, [records[0], end], now)
     before, after = records[0].tree, end.tree
-    assert before is not None and after is not None and now.tree is not None
+    assert (
+        before is not None and after is not None and now.tree is not None
+    )  # gremlin: pardon[equivalent] check_complete
     turned = narrowed(chosen, (change.path for change in store.changes(before, after)))
     reverted = store.revert(before, after, now.tree, turned, overwrite=policy == OVERWRITE)
     conflicts = list(reverted.conflicts)

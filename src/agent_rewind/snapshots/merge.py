@@ -40,7 +40,7 @@ _TEXT_MODES = (MODE_FILE, MODE_EXECUTABLE)
 MergeText = Callable[[bytes, bytes, bytes], "bytes | None"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class Reverted:
     """What a revert leaves: `tree` is `now` with every path as the revert leaves it."""
 
@@ -127,4 +127,4 @@ def _three_way(base: str, ours: str, theirs: str) -> str | None:
         return theirs
     if theirs == base:
         return ours
-    return None
+    return None  # gremlin: pardon[equivalent] a mutant's "return None" is this line

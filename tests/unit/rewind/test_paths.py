@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_rewind.errors import PathOutsideWorkspace
-from agent_rewind.rewind.paths import MAX_PATH_BYTES, MAX_PATHS, check_links, covers, normalized
+from agent_rewind.rewind.paths import MAX_PATH_BYTES, MAX_PATHS, check_links, covers, narrowed, normalized
 
 
 def test_names_are_made_plain_sorted_and_without_repeats() -> None:
@@ -38,6 +38,17 @@ def test_a_name_that_is_not_inside_the_workspace_is_refused_naming_paths(name: s
         normalized(["fine.txt", name])
     assert caught.value.reason == "PATH_OUTSIDE_WORKSPACE"
     assert caught.value.field == "paths"
+
+
+def test_a_name_of_exactly_the_longest_length_is_accepted() -> None:
+    longest = ("d" * 127 + "/") * (MAX_PATH_BYTES // 128 - 1) + "f" * 128
+    assert len(longest.encode()) == MAX_PATH_BYTES
+    assert normalized([longest]) == (longest,)
+
+
+def test_narrowed_keeps_the_paths_the_names_cover() -> None:
+    assert narrowed(("src",), ["src/a.py", "srcs/b.py", "README.md", "src"]) == {"src/a.py", "src"}
+    assert narrowed((), ["a", "b"]) == {"a", "b"}
 
 
 def test_too_many_names_are_refused() -> None:

@@ -134,6 +134,18 @@ def test_a_file_the_turn_created_is_deleted_and_one_it_deleted_comes_back(turn: 
     assert turn.content(got.tree, "old.txt") == "old\n"
 
 
+def test_a_file_the_turn_deleted_with_its_directory_comes_back_with_it(turn: Turn, workspace: Path) -> None:
+    put(workspace, {"d/e/old.txt": "old\n", "keep.txt": "k\n"})
+    before = take(turn.store)
+    put(workspace, {"d/e/old.txt": None})
+    (workspace / "d" / "e").rmdir()
+    (workspace / "d").rmdir()
+    after = take(turn.store)
+    got = turn.store.revert(before, after, after, ["d/e/old.txt"], overwrite=False)
+    assert got.changed == ("d/e/old.txt",) and got.conflicts == ()
+    assert turn.content(got.tree, "d/e/old.txt") == "old\n"
+
+
 def test_a_created_file_changed_since_and_a_deleted_one_made_again_are_conflicts(turn: Turn) -> None:
     got = turn.run(
         {"old.txt": "old\n"},
