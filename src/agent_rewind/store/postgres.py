@@ -297,10 +297,14 @@ class PostgresDialect(Dialect):
         erasure="erasure",
     )
     SCHEMA_VERSION = "SELECT version FROM agent_rewind_schema"
+    # (jsonb_set's create_missing false: a key an event does not have is not added.)
     BLANK_FILES = (
-        "UPDATE events SET data = jsonb_set(data, '{files,files_changed}', '[]'::jsonb)"
-        " WHERE session_id = %s AND jsonb_typeof(data #> '{files,files_changed}') = 'array'"
-        " AND jsonb_array_length(data #> '{files,files_changed}') > 0"
+        "UPDATE events SET data = jsonb_set(jsonb_set(data, '{files,files_changed}', '[]'::jsonb, false),"
+        " '{paths}', '[]'::jsonb, false)"
+        " WHERE session_id = %s AND ("
+        "(jsonb_typeof(data #> '{files,files_changed}') = 'array'"
+        " AND jsonb_array_length(data #> '{files,files_changed}') > 0)"
+        " OR (jsonb_typeof(data -> 'paths') = 'array' AND jsonb_array_length(data -> 'paths') > 0))"
     )
 
     def __init__(

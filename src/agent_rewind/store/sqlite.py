@@ -257,10 +257,12 @@ class SqliteDialect(Dialect):
         erasure="erasure_json",
     )
     SCHEMA_VERSION = "SELECT user_version AS version FROM pragma_user_version"
+    # (json_replace: a key an event does not have is not added.)
     BLANK_FILES = (
-        "UPDATE events SET data_json = json_set(data_json, '$.files.files_changed', json('[]'))"
-        " WHERE session_id = ? AND json_type(data_json, '$.files.files_changed') = 'array'"
-        " AND json_array_length(data_json, '$.files.files_changed') > 0"
+        "UPDATE events SET data_json = json_replace(data_json, '$.files.files_changed', json('[]'),"
+        " '$.paths', json('[]'))"
+        " WHERE session_id = ? AND (json_array_length(data_json, '$.files.files_changed') > 0"
+        " OR json_array_length(data_json, '$.paths') > 0)"
     )
 
     def __init__(self, path: Path, busy_timeout: float = 5.0) -> None:

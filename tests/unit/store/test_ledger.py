@@ -392,7 +392,11 @@ async def _session_with_everything(ledger: Ledger, sid: str = SID) -> None:
         {"files": ["/ws/the-secret.txt"]},
         Anchor(sid, f"a-{sid}", f"m-{sid}", 10, None, f"r-{sid}"),
         NewEvent(
-            "REWOUND", sid, f"r-{sid}", "alice", {"owner": "alice", "files": {"files_changed": ["/ws/x"]}}
+            "REWOUND",
+            sid,
+            f"r-{sid}",
+            "alice",
+            {"owner": "alice", "files": {"files_changed": ["/ws/x"]}, "paths": ["src/secret"]},
         ),
     )
     await _begin(ledger, f"pending-{sid}", session_id=sid)
@@ -436,7 +440,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     # Its events stay (their cursors are the log's), without the paths of its files.
     events = await ledger.events_after(0, SID)
     assert [(e.kind, e.rewind_id) for e in events] == [("REWOUND", f"r-{SID}"), ("SESSION_DELETED", "")]
-    assert events[0].data == {"owner": "alice", "files": {"files_changed": []}}
+    assert events[0].data == {"owner": "alice", "files": {"files_changed": []}, "paths": []}
     assert events[1] == event
 
     # The other session has all of it still.
@@ -445,7 +449,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     assert len(await ledger.egress(OTHER)) == 1
     assert await ledger.request(f"prompt-{OTHER}") is not None
     (theirs,) = [e for e in await ledger.events_after(0, OTHER)]
-    assert theirs.data["files"] == {"files_changed": ["/ws/x"]}
+    assert theirs.data["files"] == {"files_changed": ["/ws/x"]} and theirs.data["paths"] == ["src/secret"]
     # A deleted session's id stays taken.
     with pytest.raises(SessionAlreadyExists):
         await ledger.add_session(_session(SID))
