@@ -87,7 +87,8 @@ def chosen(
     the CLI's snapshot at the point tracks, as that snapshot holds it, and each file first
     recorded after it, as `planned` has it; only those under `paths`."""
     fixes = _fixes(view.checkpoint_files(point).items(), workspace, history)
-    return [fix for fix in fixes if covers(paths, fix.relative)]
+    names = frozenset(paths)
+    return [fix for fix in fixes if covers(names, fix.relative)]
 
 
 def _fixes(files: Iterable[tuple[str, str | None]], workspace: Path, history: Path) -> list[Fix]:
@@ -190,7 +191,7 @@ def _apply(files: Workspace, fix: Fix) -> None:
         os.close(backup)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # gremlin: pardon[equivalent] nothing assigns to or hashes one
 class Narrowed:
     """A narrowed files rewind from checkpoints, as planned: the fixes it writes, the links it
     leaves (the CLI's restore skips them too), and its lines inserted and deleted (0 when a file

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from agent_rewind.errors import PathOutsideWorkspace
 
@@ -48,17 +48,26 @@ def normalized(paths: Sequence[str]) -> tuple[str, ...]:
     return () if WHOLE in out else tuple(sorted(out))
 
 
-def covers(chosen: Sequence[str], path: str) -> bool:
+def covers(chosen: Collection[str], path: str) -> bool:
     """Whether `path` (workspace-relative) is one of `chosen` or lies under one; every path when
-    nothing is chosen."""
+    nothing is chosen. It looks up `path` and each directory on its way, so a thousand names
+    cost no more than one (a set is fastest: `narrowed` makes one)."""
     if not chosen:
         return True
-    return any(path == name or path.startswith(name + "/") for name in chosen)
+    if path in chosen:
+        return True
+    slash = path.find("/")
+    while slash != -1:
+        if path[:slash] in chosen:
+            return True
+        slash = path.find("/", slash + 1)
+    return False
 
 
-def narrowed(chosen: Sequence[str], paths: Iterable[str]) -> set[str]:
+def narrowed(chosen: Collection[str], paths: Iterable[str]) -> set[str]:
     """The `paths` that `chosen` covers."""
-    return {path for path in paths if covers(chosen, path)}
+    names = frozenset(chosen)
+    return {path for path in paths if covers(names, path)}
 
 
 def check_links(workspace: str, chosen: Sequence[str]) -> None:

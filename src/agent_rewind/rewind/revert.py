@@ -51,20 +51,18 @@ def revert_for(
     if end is None:
         raise SnapshotUnavailable(message_id, "incomplete", "the turn has no snapshot of its end")
     check_complete(message_id, [records[0], end], now)
-    before, after = records[0].tree, end.tree
-    assert (
-        before is not None and after is not None and now.tree is not None
-    )  # gremlin: pardon[equivalent] check_complete
+    before, after, current = records[0].tree, end.tree, now.tree
+    assert before and after and current  # gremlin: pardon[equivalent] check_complete saw to it
     turned = narrowed(chosen, (change.path for change in store.changes(before, after)))
-    reverted = store.revert(before, after, now.tree, turned, overwrite=policy == OVERWRITE)
+    reverted = store.revert(before, after, current, turned, overwrite=policy == OVERWRITE)
     conflicts = list(reverted.conflicts)
     refusal = RevertConflict(conflicts) if conflicts and policy == REFUSE else None
     changed = reverted.changed
-    insertions, deletions = store.numstat(now.tree, reverted.tree, changed) if changed else (0, 0)
-    diffs, truncated = diffs_of(store, now.tree, reverted.tree, changed) if include_diff else ((), False)
+    insertions, deletions = store.numstat(current, reverted.tree, changed) if changed else (0, 0)
+    diffs, truncated = diffs_of(store, current, reverted.tree, changed) if include_diff else ((), False)
     return Restore(
         start=reverted.tree,
-        now=now.tree,
+        now=current,
         paths=changed,
         changed=changed,
         insertions=insertions,

@@ -332,3 +332,25 @@ def test_a_narrowed_rewind_too_big_to_count_counts_no_lines(tmp_path: Path) -> N
     planned = checkpoints.narrowed(fixes, work)
     assert len(planned.fixes) == 2
     assert (planned.insertions, planned.deletions) == (0, 0), "a partial count is not told"
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_a_narrowed_rewind_counts_lines_up_to_exactly_the_bound_in_all(tmp_path: Path, over: int) -> None:
+    """The files now and their backups, together, may be MAX_LOOKED_AT_BYTES: counted exactly;
+    one byte more (in the last backup read) and no line is told."""
+    work, history = tmp_path / "work", tmp_path / "history"
+    work.mkdir()
+    history.mkdir()
+    rest = checkpoints.MAX_LOOKED_AT_BYTES - 700_000
+    (work / "a.txt").write_bytes(b"x\n" * 100_000)
+    (history / "a@v1").write_bytes(b"x\n" * 150_000)
+    (work / "b.txt").write_bytes(b"y\n" * 100_000)
+    (history / "b@v1").write_bytes(b"y\n" * (rest // 2) + b"z" * over)
+    fixes = [
+        checkpoints.Fix(work / "a.txt", "a.txt", history / "a@v1"),
+        checkpoints.Fix(work / "b.txt", "b.txt", history / "b@v1"),
+    ]
+    planned = checkpoints.narrowed(fixes, work)
+    assert len(planned.fixes) == 2
+    expected = (0, 0) if over else (50_000 + rest // 2 - 100_000, 0)
+    assert (planned.insertions, planned.deletions) == expected

@@ -62,7 +62,7 @@ def test_a_name_covers_itself_and_what_is_under_it_only() -> None:
     assert covers(chosen, "src")
     assert covers(chosen, "src/x/y.py")
     assert covers(chosen, "docs/a.md")
-    assert not covers(chosen, "srcs/x.py")  # a name is a whole component, not a prefix
+    assert covers(chosen, "srcs/x.py") is False  # a name is a whole component, not a prefix
     assert not covers(chosen, "docs/a.md.bak")
     assert not covers(chosen, "docs/b.md")
     assert covers((), "anything")
@@ -83,3 +83,21 @@ def test_a_link_deeper_on_the_way_is_refused(tmp_path: Path) -> None:
     os.symlink("/tmp", tmp_path / "a" / "b" / "c")
     with pytest.raises(PathOutsideWorkspace):
         check_links(str(tmp_path), ("a/b/c/d/e.txt",))
+
+
+def test_narrowing_costs_no_more_with_a_thousand_names() -> None:
+    """A caller may name MAX_PATHS paths: each path is looked up with its directories, never
+    compared with every name (20,000 paths against 1,000 names would be 20 million compares)."""
+    compares = 0
+
+    class Counting(frozenset[str]):
+        def __contains__(self, item: object) -> bool:
+            nonlocal compares
+            compares += 1
+            return super().__contains__(item)
+
+    names = Counting(f"dir{i}/sub" for i in range(MAX_PATHS))
+    paths = [f"dir{i % 2000}/sub/f{i}.py" for i in range(20_000)]
+    found = {p for p in paths if covers(names, p)}
+    assert len(found) == 10_000
+    assert compares <= 3 * len(paths), "at most one lookup per directory on each path's way"

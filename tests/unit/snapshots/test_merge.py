@@ -247,3 +247,19 @@ def test_a_revert_done_twice_changes_nothing_the_second_time(turn: Turn) -> None
     got = turn.run({"a.txt": BASE}, {"a.txt": lines(l3="three")}, {"a.txt": lines(l3="three", l15="fifteen")})
     again = turn.store.revert(turn.before, turn.after, got.tree, ["a.txt"], overwrite=False)
     assert again.changed == () and again.conflicts == () and again.tree == got.tree
+
+
+def test_a_file_made_executable_since_keeps_its_mode_and_loses_the_turn_s_lines(
+    turn: Turn, workspace: Path
+) -> None:
+    put(workspace, {"run.sh": BASE})
+    before = take(turn.store)
+    put(workspace, {"run.sh": lines(l2="two")})
+    after = take(turn.store)
+    put(workspace, {"run.sh": lines(l2="two", l19="nineteen")})
+    (workspace / "run.sh").chmod(0o755)
+    now = take(turn.store)
+    got = turn.store.revert(before, after, now, ["run.sh"], overwrite=False)
+    assert got.conflicts == ()
+    assert turn.mode(got.tree, "run.sh") == "100755"
+    assert turn.content(got.tree, "run.sh") == lines(l19="nineteen")
