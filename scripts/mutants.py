@@ -194,7 +194,9 @@ GROUPS = (
     # Round 4's narrowing and reverting (issue 39): what a path may name, the merge, the plan.
     Group("rewind-paths", "rewind/paths.py", ("tests/unit/rewind/test_paths.py",)),
     Group("merge", "snapshots/merge.py", ("tests/unit/snapshots/test_merge.py",)),
-    Group("revert", "rewind/revert.py", ("tests/unit/rewind/test_revert.py", "tests/integration/test_revert.py")),
+    Group(
+        "revert", "rewind/revert.py", ("tests/unit/rewind/test_revert.py", "tests/integration/test_revert.py")
+    ),
     Group("rpc-caches", "rpc/caches.py", ("tests/unit/rpc/test_caches.py", "tests/unit/events/test_hub.py")),
     # The servicer's own logic (pages of points, capabilities, the watch) is driven through the
     # real server in the test's process.
