@@ -47,6 +47,7 @@ from agent_rewind.sessions.process import ClientFactory
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.worker import WorkerContext
 from agent_rewind.snapshots.taking import Snapshots
+from agent_rewind.storage.retention import Retention
 from agent_rewind.store.ledger import EventRecord, Ledger
 from agent_rewind.testing.scripted_model import ScriptedModel
 from agent_rewind.webhooks import Subscription, Webhooks
@@ -335,7 +336,7 @@ async def _make(
         project_settings=config.trust_project_settings,
         live=live,
         snapshots=snapshots,
-        snapshot_retention=config.snapshot_retention,
+        retention=Retention(config.retain_file_points, config.retain_file_days),
         replica_id=config.replica_id,
     )
     registry = SessionRegistry(config=config, ledger=ledger, ctx=ctx, publish=publish, owners=owners)

@@ -18,7 +18,7 @@ LAYERS: tuple[frozenset[str], ...] = (
         {"__init__", "errors", "faults", "metrics", "tracing", "tasks", "config", "logs", "sandbox", "api"}
     ),
     frozenset({"store", "transcript", "access", "client"}),
-    frozenset({"workspace_paths", "retries", "snapshots", "events", "replicas", "webhooks"}),
+    frozenset({"workspace_paths", "retries", "snapshots", "storage", "events", "replicas", "webhooks"}),
     frozenset({"sessions"}),
     frozenset({"rewind"}),
     frozenset({"rpc", "testing"}),
@@ -28,7 +28,18 @@ LAYERS: tuple[frozenset[str], ...] = (
 # What knows nothing of the wire: only the RPC layer (and the composition and tools above it)
 # touches generated protobuf code.
 DOMAIN = frozenset(
-    {"store", "transcript", "snapshots", "events", "webhooks", "sessions", "rewind", "sandbox", "replicas"}
+    {
+        "store",
+        "transcript",
+        "snapshots",
+        "storage",
+        "events",
+        "webhooks",
+        "sessions",
+        "rewind",
+        "sandbox",
+        "replicas",
+    }
 )
 MAX_MODULE_LINES = 600
 MAX_TEST_MODULE_LINES = 1000

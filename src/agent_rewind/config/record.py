@@ -101,8 +101,14 @@ class Config:
     # Follow live sessions' workspaces with inotify, so a snapshot asks git about what changed
     # rather than scanning the workspace; off where other machines write the workspaces (NFS).
     snapshot_watch: bool = True
-    # Rewind points per session (the newest) that keep their snapshots; 0 for all.
-    snapshot_retention: int = 0
+    # Retention of what files rewinds need (snapshots, the CLI's backups): the newest points of
+    # each session that keep it (0: all), and the days a younger point keeps it (0: no age bound).
+    retain_file_points: int = 0
+    retain_file_days: float = 0.0
+    # Storage limits (0: none): a session's, and the sum of a principal's sessions'; a Prompt or
+    # ForkSession at or over one is refused (QUOTA_EXCEEDED) before it starts.
+    max_session_storage: int = 0
+    max_principal_storage: int = 0
     # The command sandbox (sandbox/): "on" confines every command the agent runs; the hosts
     # its commands may reach through the egress proxy ("host", "host:port", "*.domain").
     sandbox: Literal["on", "off"] = "on"

@@ -405,14 +405,52 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "changed; turn off where other machines write the workspaces (a network filesystem)",
         switch=True,
     ),
+    # (Before --retain-file-points: given both, the newer name wins.)
     Flag(
         "--snapshot-retention",
-        "snapshot_retention",
-        "rewind points per session (the newest) that keep their workspace snapshots, 0 for all; older "
-        "snapshots are collected by reachability",
+        "retain_file_points",
+        "an alias of --retain-file-points (round 2's name)",
         convert=count,
         metavar="N",
         default_help="0: all",
+    ),
+    Flag(
+        "--retain-file-points",
+        "retain_file_points",
+        "rewind points per session (the newest) that keep what a files rewind to them needs "
+        "(workspace snapshots, the CLI's file backups), 0 for all; what only older points need is "
+        "deleted, and those points are marked files_pruned",
+        convert=count,
+        metavar="N",
+        default_help="0: all",
+    ),
+    Flag(
+        "--retain-file-days",
+        "retain_file_days",
+        "points younger than this many days keep what a files rewind to them needs, 0 for no age "
+        "bound; with --retain-file-points, a point is pruned when either says so",
+        convert=seconds,
+        metavar="DAYS",
+        default_help="0: no age bound",
+    ),
+    Flag(
+        "--max-session-storage",
+        "max_session_storage",
+        "bytes a session may hold (its workspace and its history: transcript, the CLI's file "
+        "backups, snapshots), 0 for no limit; a Prompt or ForkSession of a session at or over it "
+        "is refused (RESOURCE_EXHAUSTED, QUOTA_EXCEEDED); rewinds, reads and deletes never are",
+        convert=count,
+        metavar="BYTES",
+        default_help="0: no limit",
+    ),
+    Flag(
+        "--max-principal-storage",
+        "max_principal_storage",
+        "bytes a principal's sessions may hold together (across replicas, from the ledger), 0 for "
+        "no limit; refused as --max-session-storage is",
+        convert=count,
+        metavar="BYTES",
+        default_help="0: no limit",
     ),
     Flag(
         "--log-format",

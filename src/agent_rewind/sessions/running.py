@@ -31,6 +31,7 @@ from agent_rewind.sessions.state import SessionState
 from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
 from agent_rewind.snapshots.taking import TURN_END, TURN_START, Snapshots
+from agent_rewind.storage.retention import Retention
 from agent_rewind.store.ledger import Ledger, NewRequest, RequestIdTaken, dumps
 
 # How many recent turns a retried Prompt (same request_id) re-attaches to in memory, per session;
@@ -49,7 +50,7 @@ class Settings:
 
     ledger: Ledger
     snapshots: Snapshots | None
-    snapshot_retention: int
+    retention: Retention
     # Seconds a turn may ignore Interrupt before its process is killed.
     interrupt_timeout: float
     # Finishes the session's pending rewind intents (under the lock, before the turn runs).
@@ -299,9 +300,9 @@ class TurnRunner:
         if snaps is None or not w.record.workspace_snapshots:
             return
         await snaps.take_and_record(w.session_id, w.record.cwd, kind, prompt_id)
-        if kind == TURN_END and self._ctx.snapshot_retention:
+        if kind == TURN_END and self._ctx.retention.points:  # (the days: issue 40, storage/retention.py)
             try:
-                await snaps.retain(w.session_id, w.record.cwd, self._ctx.snapshot_retention)
+                await snaps.retain(w.session_id, w.record.cwd, self._ctx.retention.points)
             except Exception as err:  # collected next time
                 self._log.error("could not collect old workspace snapshots", error=str(err))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -47,6 +47,7 @@ from agent_rewind.sessions.status import State
 from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.snapshots.taking import Snapshots
+from agent_rewind.storage.retention import Retention
 from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord
 from agent_rewind.transcript.index import ConversationView, Reading, TranscriptIndex
 
@@ -85,9 +86,9 @@ class WorkerContext:
     admit_turn: Callable[[SessionWorker], None] = _any_turn
     # The bound on live CLI processes (--max-live-sessions); None: no bound.
     live: LiveSlots | None = None
-    # Workspace snapshots (None: off on this server), and how many points keep theirs (0: all).
+    # Workspace snapshots (None: off on this server), and what points keep what files rewinds need.
     snapshots: Snapshots | None = None
-    snapshot_retention: int = 0
+    retention: Retention = field(default_factory=Retention)
     # This replica's id (--replica-id): the owner of the sessions it creates.
     replica_id: str = ""
 
@@ -135,7 +136,7 @@ class SessionWorker:
             running.Settings(
                 ledger=ctx.ledger,
                 snapshots=ctx.snapshots,
-                snapshot_retention=ctx.snapshot_retention,
+                retention=ctx.retention,
                 interrupt_timeout=ctx.interrupt_timeout,
                 resolve_pending=lambda: ctx.resolve_pending(self),
                 admit_turn=lambda: ctx.admit_turn(self),

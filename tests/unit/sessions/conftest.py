@@ -14,6 +14,7 @@ import pytest
 from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots.taking import Snapshots
+from agent_rewind.storage.retention import Retention
 from agent_rewind.store.ledger import NewSession
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.fake_agent import FakeFactory
@@ -66,7 +67,7 @@ async def make_worker(tmp_path: Path, ledger: FlakyLedger) -> AsyncIterator[Make
             live=live,
             replica_id=replica_id,
             snapshots=snapshots,
-            snapshot_retention=snapshot_retention,
+            retention=Retention(snapshot_retention),
             **extra,
         )
         worker = SessionWorker(record, ctx)
