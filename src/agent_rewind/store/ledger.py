@@ -43,6 +43,7 @@ from agent_rewind.store.records import (
     SchemaTooNew,
     SessionRecord,
     SnapshotRecord,
+    StorageRecord,
     Tombstone,
     WebhookFailure,
     WebhookLease,
@@ -84,6 +85,8 @@ __all__ = [
     "Sessions",
     "SnapshotOrder",
     "SnapshotRecord",
+    "StorageBook",
+    "StorageRecord",
     "Tombstone",
     "WebhookCursors",
     "WebhookFailure",
@@ -258,6 +261,30 @@ class ReplicaDirectory(Protocol):
         ...
 
 
+class StorageBook(Protocol):
+    """What each session holds on the server's volumes as last measured, summed per principal
+    across replicas (the limits read it), and how far retention has pruned its files history."""
+
+    async def record_usage(
+        self, session_id: str, principal: str, workspace_bytes: int, history_bytes: int
+    ) -> None: ...
+
+    async def usage(self, session_id: str) -> StorageRecord | None: ...
+
+    async def principal_usage(self, principal: str) -> int:
+        """Bytes the principal's sessions hold together, as last measured (0: none measured)."""
+        ...
+
+    async def usage_totals(self) -> tuple[int, int, int]:
+        """Workspace bytes, history bytes and sessions measured, over every session."""
+        ...
+
+    async def mark_files_pruned(self, session_id: str, principal: str, before: datetime) -> None:
+        """Points sent before `before` no longer have what a files rewind needs. Only ever moves
+        later."""
+        ...
+
+
 class SnapshotOrder(Protocol):
     """The order a session's workspace snapshots were taken in."""
 
@@ -393,6 +420,7 @@ class Ledger(
     Rewinds,
     ReplicaDirectory,
     SnapshotOrder,
+    StorageBook,
     EventLog,
     Erasure,
     Egress,

@@ -258,6 +258,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX points_uuid ON points (session_id, uuid)",
     ),
+    # 9: what each session holds, and how far retention pruned it (store/sql/storage.py).
+    (
+        """
+        CREATE TABLE session_storage (
+            session_id text COLLATE "C" PRIMARY KEY,
+            principal text NOT NULL,
+            workspace_bytes bigint NOT NULL,
+            history_bytes bigint NOT NULL,
+            measure_time timestamptz,
+            files_pruned_before timestamptz
+        )
+        """,
+        "CREATE INDEX session_storage_principal ON session_storage (principal)",
+    ),
 )
 
 # What makes a call StorageUnavailable (retryable): the server lost, refused, shut down, out of

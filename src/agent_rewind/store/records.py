@@ -243,6 +243,20 @@ class NewSnapshot:
 
 
 @dataclass(frozen=True)
+class StorageRecord:
+    """What a session held when last measured (storage/usage.py), and the time before which
+    retention pruned what files rewinds need (storage/retention.py): a point sent before it is
+    `files_pruned`."""
+
+    session_id: str
+    principal: str
+    workspace_bytes: int
+    history_bytes: int
+    measure_time: datetime | None  # None: never measured (a row retention made)
+    files_pruned_before: datetime | None = None
+
+
+@dataclass(frozen=True)
 class SnapshotRecord:
     seq: int  # increasing in the order they were taken, per ledger
     session_id: str

@@ -238,6 +238,18 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX points_uuid ON points(session_id, uuid);
     """,
+    # 9: what each session holds, and how far retention pruned it (store/sql/storage.py).
+    """
+    CREATE TABLE session_storage (
+        session_id TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        workspace_bytes INTEGER NOT NULL,
+        history_bytes INTEGER NOT NULL,
+        measure_time TEXT,
+        files_pruned_before TEXT
+    );
+    CREATE INDEX session_storage_principal ON session_storage(principal);
+    """,
 )
 
 

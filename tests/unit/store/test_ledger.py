@@ -402,6 +402,7 @@ async def _session_with_everything(ledger: Ledger, sid: str = SID) -> None:
     await _begin(ledger, f"pending-{sid}", session_id=sid)
     await ledger.add_snapshot(NewSnapshot(sid, "turn_start", "p1", "tree", True))
     await ledger.record_egress(EgressRecord(sid, "p1", "secret.example.com", 443))
+    await ledger.record_usage(sid, "alice", 10, 1)
 
 
 async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(ledger: Ledger) -> None:
@@ -433,6 +434,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     assert await ledger.rewinds(SID) == [] and await ledger.pending_rewinds(SID) == []
     assert await ledger.snapshots(SID) == []
     assert await ledger.egress(SID) == []
+    assert await ledger.usage(SID) is None
     for request_id in (f"create-{SID}", f"prompt-{SID}", f"rewind-{SID}"):
         assert await ledger.request(request_id) is None, request_id
     recorded = await ledger.request("delete-1")
@@ -447,6 +449,7 @@ async def test_an_erased_session_leaves_a_tombstone_and_nothing_of_its_content(l
     assert await ledger.anchor(OTHER) is not None
     assert len(await ledger.rewinds(OTHER)) == 2 and len(await ledger.snapshots(OTHER)) == 1
     assert len(await ledger.egress(OTHER)) == 1
+    assert await ledger.usage(OTHER) is not None
     assert await ledger.request(f"prompt-{OTHER}") is not None
     (theirs,) = [e for e in await ledger.events_after(0, OTHER)]
     assert theirs.data["files"] == {"files_changed": ["/ws/x"]} and theirs.data["paths"] == ["src/secret"]

@@ -37,6 +37,7 @@ TABLES = {
     "webhooks",
     "webhook_failures",
     "point_heads",
+    "session_storage",
     "points",
 }
 
@@ -441,7 +442,7 @@ async def test_an_erasure_vacuums_the_tables_it_touched(
         assert _run(postgres_server, postgres_url, vacuumed) == []
         await ledger.erase_session(SID, NewEvent("SESSION_DELETED", SID), erasure={"cwd": "/ws/gone"})
         touched = {"sessions", "anchors", "rewinds", "snapshots", "requests", "events", "egress"}
-        touched |= {"point_heads", "points"}
+        touched |= {"point_heads", "points", "session_storage"}
         assert {r[0] for r in _run(postgres_server, postgres_url, vacuumed)} == touched
         dead = "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE n_dead_tup > 0"
         assert _run(postgres_server, postgres_url, dead) == [], "no old row versions are left"

@@ -23,6 +23,7 @@ ERASED_TABLES = (
     "egress",
     "point_heads",
     "points",
+    "session_storage",
 )
 
 
@@ -40,7 +41,15 @@ class _Sql:
         # The points index holds the prompts' text.
         self.deletes = tuple(
             f"DELETE FROM {table} WHERE session_id = {p}"
-            for table in ("anchors", "rewinds", "snapshots", "egress", "points", "point_heads")
+            for table in (
+                "anchors",
+                "rewinds",
+                "snapshots",
+                "egress",
+                "points",
+                "point_heads",
+                "session_storage",
+            )
         )
         # Every request id of the session but the delete's own.
         self.requests = f"DELETE FROM requests WHERE session_id = {p} AND request_id IS DISTINCT FROM {p}"

@@ -18,6 +18,7 @@ from agent_rewind.store.sql.request_ids import SqlRequests
 from agent_rewind.store.sql.rewinds import SqlRewinds
 from agent_rewind.store.sql.sessions import SqlEgress, SqlSessions
 from agent_rewind.store.sql.snapshot_order import SqlSnapshotOrder
+from agent_rewind.store.sql.storage import SqlStorageBook
 from agent_rewind.store.sql.webhook_cursors import SqlWebhookCursors
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class SqlLedger:
         self._rewinds = SqlRewinds(db, requests, points, events)
         self._replicas = SqlReplicaDirectory(db, fence)
         self._snapshots = SqlSnapshotOrder(db)
+        self._storage = SqlStorageBook(db)
         self._erasure = SqlErasure(db, requests, events)
         self._webhooks = SqlWebhookCursors(db)
         p = dialect.SPELLING.p
@@ -138,6 +140,13 @@ class SqlLedger:
     add_snapshot = _Via("_snapshots", SqlSnapshotOrder.add_snapshot)
     snapshots = _Via("_snapshots", SqlSnapshotOrder.snapshots)
     prune_snapshots = _Via("_snapshots", SqlSnapshotOrder.prune_snapshots)
+
+    # StorageBook
+    record_usage = _Via("_storage", SqlStorageBook.record_usage)
+    usage = _Via("_storage", SqlStorageBook.usage)
+    principal_usage = _Via("_storage", SqlStorageBook.principal_usage)
+    usage_totals = _Via("_storage", SqlStorageBook.usage_totals)
+    mark_files_pruned = _Via("_storage", SqlStorageBook.mark_files_pruned)
 
     # EventLog
     events_after = _Via("_events", SqlEventLog.events_after)

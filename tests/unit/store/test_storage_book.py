@@ -1,0 +1,36 @@
+"""What each session holds, as last measured, summed per principal, and how far retention pruned
+it (store/sql/storage.py), on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from agent_rewind.store.ledger import Ledger
+
+
+async def test_usage_is_recorded_replaced_and_summed_per_principal(ledger: Ledger) -> None:
+    assert await ledger.usage("s-1") is None
+    assert await ledger.principal_usage("alice") == 0
+    await ledger.record_usage("s-1", "alice", 100, 20)
+    await ledger.record_usage("s-2", "alice", 5, 1)
+    await ledger.record_usage("s-3", "bob", 1 << 40, 7)  # past 32 bits
+    await ledger.record_usage("s-1", "alice", 300, 40)  # measured again: replaced, not added
+    got = await ledger.usage("s-1")
+    assert got is not None and (got.principal, got.workspace_bytes, got.history_bytes) == ("alice", 300, 40)
+    assert got.measure_time is not None and got.files_pruned_before is None
+    assert await ledger.principal_usage("alice") == 346
+    assert await ledger.principal_usage("bob") == (1 << 40) + 7
+    assert await ledger.usage_totals() == (305 + (1 << 40), 48, 3)
+
+
+async def test_the_pruned_mark_only_moves_later_and_keeps_the_usage(ledger: Ledger) -> None:
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    await ledger.mark_files_pruned("s-1", "alice", t0)  # before any measurement: a row of its own
+    got = await ledger.usage("s-1")
+    assert got is not None and got.files_pruned_before == t0 and got.measure_time is None
+    await ledger.record_usage("s-1", "alice", 10, 2)
+    await ledger.mark_files_pruned("s-1", "alice", t0 + timedelta(days=1))
+    await ledger.mark_files_pruned("s-1", "alice", t0)  # never back
+    got = await ledger.usage("s-1")
+    assert got is not None and got.files_pruned_before == t0 + timedelta(days=1)
+    assert (got.workspace_bytes, got.history_bytes) == (10, 2)
