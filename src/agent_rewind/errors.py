@@ -277,6 +277,20 @@ class QuotaExceeded(AgentRewindError):
         )
 
 
+class StorageQuotaExceeded(QuotaExceeded):
+    """A session, or a principal's sessions together, hold as much as their storage limit or more:
+    no new turn or fork until a rewind, an undo or a deletion frees some."""
+
+    def __init__(self, limit: str, used: int, maximum: int) -> None:
+        whose = "the session holds" if limit == "session_storage" else "the principal's sessions hold"
+        AgentRewindError.__init__(
+            self,
+            f"{whose} {used} bytes, at or over the limit {limit!r} of {maximum} bytes; rewind, undo "
+            "or delete to free some (those are never refused for storage)",
+            metadata={"limit": limit, "used_bytes": str(used), "max_bytes": str(maximum)},
+        )
+
+
 class PermissionDenied(AgentRewindError):
     reason = "PERMISSION_DENIED"
 

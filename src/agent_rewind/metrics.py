@@ -232,3 +232,13 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+STORAGE_BYTES = Gauge(
+    "agent_rewind_storage_bytes",
+    "Bytes the sessions this replica serves hold, as last measured: their workspaces (part "
+    "workspace) and what their rewinds need (part history: transcripts, the CLI's file backups, "
+    "snapshots)",
+    ["part"],
+    registry=REGISTRY,
+)

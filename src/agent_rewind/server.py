@@ -48,6 +48,7 @@ from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.worker import WorkerContext
 from agent_rewind.snapshots.taking import Snapshots
 from agent_rewind.storage.retention import Retention
+from agent_rewind.storage.usage import Limits, UsageBook
 from agent_rewind.store.ledger import EventRecord, Ledger
 from agent_rewind.testing.scripted_model import ScriptedModel
 from agent_rewind.webhooks import Subscription, Webhooks
@@ -281,10 +282,15 @@ async def _make(
         )
     deliveries = components.make_webhooks(config, ledger, *webhooks, convert.rewind_event_json, access)
 
+    usage = UsageBook(ledger, Limits(config.max_session_storage, config.max_principal_storage))
+
     def publish(event: EventRecord) -> None:
-        """An event this process committed: to the watchers, and the webhook loops woken."""
+        """An event this process committed: to the watchers, and the webhook loops woken; a
+        rewind's or an undo's session is measured again."""
         hub.publish(event)
         deliveries.publish(event)
+        if event.kind in ("REWOUND", "UNDONE"):
+            usage.changed(event.session_id)
 
     engine = RewindEngine(ledger, publish=publish, snapshots=snapshots)
     live = LiveSlots(config.max_live_sessions or default_max_live())
@@ -337,6 +343,7 @@ async def _make(
         live=live,
         snapshots=snapshots,
         retention=Retention(config.retain_file_points, config.retain_file_days),
+        usage=usage,
         replica_id=config.replica_id,
     )
     registry = SessionRegistry(config=config, ledger=ledger, ctx=ctx, publish=publish, owners=owners)

@@ -409,7 +409,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--snapshot-retention",
         "retain_file_points",
-        "an alias of --retain-file-points (round 2's name)",
+        "round 2's name of retain-file-points, which it is an alias of",
         convert=count,
         metavar="N",
         default_help="0: all",
@@ -447,7 +447,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "--max-principal-storage",
         "max_principal_storage",
         "bytes a principal's sessions may hold together (across replicas, from the ledger), 0 for "
-        "no limit; refused as --max-session-storage is",
+        "no limit; a Prompt or ForkSession is refused over it as over the session limit",
         convert=count,
         metavar="BYTES",
         default_help="0: no limit",

@@ -229,6 +229,10 @@ async def _session(worker: SessionWorker) -> session_pb2.Session:
     head = await worker.points.current_head()
     session = convert.session(worker, head.last_message_id, head.count)
     session.snapshot_bytes = await worker.snapshot_bytes()
+    usage = await worker.storage()
+    if usage is not None:
+        session.storage.workspace_bytes = usage.workspace_bytes
+        session.storage.history_bytes = usage.history_bytes
     return session
 
 

@@ -316,6 +316,7 @@ class SessionRegistry:
     async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         """ForkSession (sessions/forking.py): a new session whose conversation and files are the
         source's just before `message_id` (empty: as they are now)."""
+        await source.admit_fork()
         return await self._forks.fork(source, message_id, req)
 
     async def forget(self, session_id: str) -> None:

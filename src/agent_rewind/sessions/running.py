@@ -44,6 +44,10 @@ _ECHO_TO_TRANSCRIPT = 5.0
 _CANCELLED = "the turn was cancelled by a server shutdown"
 
 
+async def _nothing_to_admit() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the server sets for every session's turns."""
@@ -57,6 +61,10 @@ class Settings:
     resolve_pending: Callable[[], Awaitable[None]]
     # Raises (QuotaExceeded) when the session's principal may not start another turn now.
     admit_turn: Callable[[], None]
+    # Raises (QUOTA_EXCEEDED) when the session, or its principal's sessions, hold their storage
+    # limit or more (storage/usage.py); and what the session holds may have changed.
+    admit_storage: Callable[[], Awaitable[None]] = _nothing_to_admit
+    storage_changed: Callable[[], None] = lambda: None
 
 
 class Process(Protocol):
@@ -105,6 +113,9 @@ class TurnRunner:
             known = await self._known_turn(request, text)
             if known is not None:
                 return known
+        # Before anything is claimed: a session at its storage limit starts no turn (a retry of
+        # a turn it ran, above, is still answered).
+        await self._ctx.admit_storage()
         w.check_not_deleted()  # again: a deletion may have begun while the ledger was read
         w.check_no_turn()
         if w.status.stopping:
@@ -289,6 +300,8 @@ class TurnRunner:
             except Exception as err:
                 self._log.error("could not record the turn", step=name, error=str(err))
                 failure = failure or StorageUnavailable(f"the turn ran, but it could not be recorded ({err})")
+        if turn.sent:
+            self._ctx.storage_changed()  # measured again, in the background
         faults.point("turn.recorded")
         return failure
 

@@ -46,9 +46,11 @@ from agent_rewind.sessions.state import SessionState
 from agent_rewind.sessions.status import State
 from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.sessions.turns import Prelude, Turn
-from agent_rewind.snapshots.taking import Snapshots
+from agent_rewind.snapshots.taking import Snapshots, repository
 from agent_rewind.storage.retention import Retention
-from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord
+from agent_rewind.storage.usage import Places, UsageBook
+from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord, StorageRecord
+from agent_rewind.transcript import paths as transcript_paths
 from agent_rewind.transcript.index import ConversationView, Reading, TranscriptIndex
 
 __all__ = ["SessionWorker", "State", "WorkerContext"]
@@ -91,6 +93,8 @@ class WorkerContext:
     retention: Retention = field(default_factory=Retention)
     # This replica's id (--replica-id): the owner of the sessions it creates.
     replica_id: str = ""
+    # What each session holds, and the storage limits (None: not measured, no limits).
+    usage: UsageBook | None = None
 
 
 class SessionWorker:
@@ -140,11 +144,42 @@ class SessionWorker:
                 interrupt_timeout=ctx.interrupt_timeout,
                 resolve_pending=lambda: ctx.resolve_pending(self),
                 admit_turn=lambda: ctx.admit_turn(self),
+                admit_storage=self._admit_storage,
+                storage_changed=self.storage_changed,
             ),
         )
+        if ctx.usage is not None:
+            # Its transcript, its subagents' (a directory named after it), the CLI's backups, its
+            # snapshot repository.
+            project = transcript_paths.project_dir(ctx.claude_config_dir, record.cwd, self.session_id)
+            history = (
+                project / f"{self.session_id}.jsonl",
+                project / self.session_id,
+                self.file_history,
+                *((repository(ctx.snapshots.root, self.session_id),) if ctx.snapshots is not None else ()),
+            )
+            ctx.usage.track(self.session_id, record.principal, Places(Path(record.cwd), history))
         self._reached: set[tuple[str, str, int]] = set()  # (prompt, host, port) kept as egress
         self._keeping: set[asyncio.Task[None]] = set()  # their ledger writes, until done
         self._egress: list[EgressRecord] | None = None  # what the ledger holds of them, once read
+
+    async def _admit_storage(self) -> None:
+        if self._ctx.usage is not None:
+            await self._ctx.usage.admit(self.session_id, self._state.record.principal)
+
+    async def storage(self) -> StorageRecord | None:
+        """What the session holds, as last measured (storage/usage.py says how fresh)."""
+        return await self._ctx.ledger.usage(self.session_id)
+
+    async def admit_fork(self) -> None:
+        """Raises QUOTA_EXCEEDED when a fork of the session may not be made: a fork copies it,
+        and is refused as a turn is."""
+        await self._admit_storage()
+
+    def storage_changed(self) -> None:
+        """What the session holds may have changed (a turn, a rewind): measured again soon."""
+        if self._ctx.usage is not None:
+            self._ctx.usage.changed(self.session_id)
 
     async def _evict(self) -> bool:
         return await self.lifecycle.evict()
@@ -195,6 +230,8 @@ class SessionWorker:
         if not value:
             raise ValueError("a deleted session stays deleted")
         self.status.delete()
+        if self._ctx.usage is not None:
+            self._ctx.usage.forget(self.session_id)
 
     @property
     def client_pid(self) -> int | None:

@@ -69,6 +69,10 @@ SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict
     errors.LiveSessionsExhausted: (lambda: errors.LiveSessionsExhausted(4), {"max_live_sessions": "4"}),
     errors.ExternalChanges: (lambda: errors.ExternalChanges(["a.txt", "b.txt"]), {"paths": "2"}),
     errors.RevertConflict: (lambda: errors.RevertConflict(["a.txt", "b.txt", "c"]), {"paths": "3"}),
+    errors.StorageQuotaExceeded: (
+        lambda: errors.StorageQuotaExceeded("principal_storage", 1 << 33, 1 << 32),
+        {"limit": "principal_storage", "used_bytes": str(1 << 33), "max_bytes": str(1 << 32)},
+    ),
     errors.PathOutsideWorkspace: (
         lambda: errors.PathOutsideWorkspace("../etc", "leaves the workspace"),
         {"field": "paths"},

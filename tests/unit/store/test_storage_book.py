@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from agent_rewind.store.ledger import Ledger
+from agent_rewind.store.ledger import Ledger, NewEvent, NewSession
+
+
+async def _sessions(ledger: Ledger, *ids: str) -> None:
+    for sid in ids:
+        await ledger.add_session(NewSession(session_id=sid, cwd=f"/ws/{sid}", options={}, checkpointing=True))
 
 
 async def test_usage_is_recorded_replaced_and_summed_per_principal(ledger: Ledger) -> None:
+    await _sessions(ledger, "s-1", "s-2", "s-3")
     assert await ledger.usage("s-1") is None
     assert await ledger.principal_usage("alice") == 0
     await ledger.record_usage("s-1", "alice", 100, 20)
@@ -24,6 +30,7 @@ async def test_usage_is_recorded_replaced_and_summed_per_principal(ledger: Ledge
 
 
 async def test_the_pruned_mark_only_moves_later_and_keeps_the_usage(ledger: Ledger) -> None:
+    await _sessions(ledger, "s-1")
     t0 = datetime(2026, 12, 1, tzinfo=UTC)
     await ledger.mark_files_pruned("s-1", "alice", t0)  # before any measurement: a row of its own
     got = await ledger.usage("s-1")
@@ -34,3 +41,14 @@ async def test_the_pruned_mark_only_moves_later_and_keeps_the_usage(ledger: Ledg
     got = await ledger.usage("s-1")
     assert got is not None and got.files_pruned_before == t0 + timedelta(days=1)
     assert (got.workspace_bytes, got.history_bytes) == (10, 2)
+
+
+async def test_a_measurement_that_ends_after_the_session_was_erased_records_nothing(ledger: Ledger) -> None:
+    await _sessions(ledger, "s-1")
+    await ledger.record_usage("s-1", "alice", 10, 1)
+    await ledger.erase_session("s-1", NewEvent("SESSION_DELETED", "s-1"), erasure={"cwd": "/ws/s-1"})
+    assert await ledger.usage("s-1") is None
+    await ledger.record_usage("s-1", "alice", 10, 1)  # a walk that began before the deletion
+    await ledger.record_usage("never", "alice", 10, 1)
+    assert await ledger.usage("s-1") is None and await ledger.usage("never") is None
+    assert await ledger.principal_usage("alice") == 0

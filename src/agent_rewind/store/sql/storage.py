@@ -15,9 +15,12 @@ class _Sql:
 
     def __init__(self, s: Spelling) -> None:
         p = s.p
+        # Only of a session that exists: a measurement that ends after the session's erasure
+        # writes nothing.
         self.record = (
             "INSERT INTO session_storage (session_id, principal, workspace_bytes, history_bytes, measure_time)"
-            f" VALUES ({s.marks(5)}) ON CONFLICT (session_id) DO UPDATE SET"
+            f" SELECT {s.marks(5)} WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id = {p}"
+            " AND deleted_time IS NULL) ON CONFLICT (session_id) DO UPDATE SET"
             " workspace_bytes = excluded.workspace_bytes, history_bytes = excluded.history_bytes,"
             " measure_time = excluded.measure_time"
         )
@@ -49,7 +52,9 @@ class SqlStorageBook:
         self, session_id: str, principal: str, workspace_bytes: int, history_bytes: int
     ) -> None:
         when = self._d.encode_time(now())
-        await self._db.execute(self._sql.record, session_id, principal, workspace_bytes, history_bytes, when)
+        await self._db.execute(
+            self._sql.record, session_id, principal, workspace_bytes, history_bytes, when, session_id
+        )
 
     async def usage(self, session_id: str) -> StorageRecord | None:
         row = await self._db.row(self._sql.one, session_id)
