@@ -126,6 +126,17 @@ def _snapshots(session: session_pb2.Session) -> str:
     return f"{yes_no(session.workspace_snapshots)}, {format_size(session.snapshot_bytes)} on disk"
 
 
+def _storage(session: session_pb2.Session) -> str:
+    """What the session holds, as last measured: its workspace, and what its rewinds need."""
+    if not session.HasField("storage"):
+        return "- (not measured yet)"
+    storage = session.storage
+    return (
+        f"{format_size(storage.workspace_bytes + storage.history_bytes)}: workspace "
+        f"{format_size(storage.workspace_bytes)}, history {format_size(storage.history_bytes)}"
+    )
+
+
 def format_session(session: session_pb2.Session) -> str:
     options = struct_to_text(session.options) if session.options.fields else "{}"
     return _key_values(
@@ -137,6 +148,7 @@ def format_session(session: session_pb2.Session) -> str:
             ("last_message_id", session.last_message_id or "-"),
             ("file_checkpointing", yes_no(session.file_checkpointing)),
             ("snapshots", _snapshots(session)),
+            ("storage", _storage(session)),
             *_origin(session),
             ("created", format_time(session.create_time)),
             ("updated", format_time(session.update_time)),

@@ -247,10 +247,18 @@ def test_session_block() -> None:
         "last_message_id     m-9",
         "file_checkpointing  yes",
         "snapshots           no",
+        "storage             - (not measured yet)",
         "created             2025-11-29T23:11:05Z",
         "updated             2025-11-29T23:11:05Z",
         'options             {"max_turns": 5, "model": "x"}',
     ]
+
+
+def test_a_session_shows_what_it_holds() -> None:
+    session = make_session()
+    session.storage.CopyFrom(session_pb2.StorageUsage(workspace_bytes=3 << 20, history_bytes=512 << 10))
+    (line,) = [x for x in format_session(session).splitlines() if x.startswith("storage")]
+    assert line == "storage             3.5 MiB: workspace 3.0 MiB, history 512.0 KiB"
 
 
 def test_a_fork_shows_where_it_came_from() -> None:
