@@ -231,8 +231,7 @@ async def _session(worker: SessionWorker) -> session_pb2.Session:
     session.snapshot_bytes = await worker.snapshot_bytes()
     usage = await worker.storage()
     if usage is not None:
-        session.storage.workspace_bytes = usage.workspace_bytes
-        session.storage.history_bytes = usage.history_bytes
+        session.storage.workspace_bytes, session.storage.history_bytes = usage
     return session
 
 

@@ -49,7 +49,7 @@ from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.snapshots.taking import Snapshots, repository
 from agent_rewind.storage.retention import Retention
 from agent_rewind.storage.usage import Places, UsageBook
-from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord, StorageRecord
+from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord
 from agent_rewind.transcript import paths as transcript_paths
 from agent_rewind.transcript.index import ConversationView, Reading, TranscriptIndex
 
@@ -167,9 +167,10 @@ class SessionWorker:
         if self._ctx.usage is not None:
             await self._ctx.usage.admit(self.session_id, self._state.record.principal)
 
-    async def storage(self) -> StorageRecord | None:
-        """What the session holds, as last measured (storage/usage.py says how fresh)."""
-        return await self._ctx.ledger.usage(self.session_id)
+    async def storage(self) -> tuple[int, int] | None:
+        """What the session holds, as last measured (workspace_bytes, history_bytes; None: not
+        measured yet; storage/usage.py says how fresh)."""
+        return await self._ctx.usage.of(self.session_id) if self._ctx.usage is not None else None
 
     async def admit_fork(self) -> None:
         """Raises QUOTA_EXCEEDED when a fork of the session may not be made: a fork copies it,

@@ -36,7 +36,7 @@ import structlog
 
 from agent_rewind import metrics
 from agent_rewind.errors import StorageQuotaExceeded
-from agent_rewind.store.ledger import Ledger, StorageRecord
+from agent_rewind.store.ledger import Ledger
 
 log = structlog.get_logger(__name__)
 
@@ -199,9 +199,17 @@ class UsageBook:
 
     # Reading
 
-    async def of(self, session_id: str) -> StorageRecord | None:
-        """The session's last measurement, from the ledger (any replica's)."""
-        return await self._ledger.usage(session_id)
+    async def of(self, session_id: str) -> tuple[int, int] | None:
+        """The session's last measurement (workspace_bytes, history_bytes): this replica's, kept
+        here (a page of sessions reads no ledger row each), else the ledger's; None: never
+        measured."""
+        figure = self._figures.get(session_id)
+        if figure is not None:
+            return figure
+        record = await self._ledger.usage(session_id)
+        if record is None or record.measure_time is None:
+            return None
+        return record.workspace_bytes, record.history_bytes
 
     # The limits
 
