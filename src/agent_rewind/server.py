@@ -283,6 +283,7 @@ async def _make(
     deliveries = components.make_webhooks(config, ledger, *webhooks, convert.rewind_event_json, access)
 
     usage = UsageBook(ledger, Limits(config.max_session_storage, config.max_principal_storage))
+    made.callback(usage.close)
 
     def publish(event: EventRecord) -> None:
         """An event this process committed: to the watchers, and the webhook loops woken; a

@@ -29,6 +29,7 @@ import os
 import stat
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,8 @@ log = structlog.get_logger(__name__)
 # How long a principal's sum over its sessions, read from the ledger, is used before it is read
 # again (another replica's sessions change it too).
 PRINCIPAL_SECONDS = 2.0
+# Threads that walk sessions' files, at most at once.
+WALKERS = 2
 
 
 @dataclass(frozen=True)
@@ -108,11 +111,20 @@ class UsageBook:
     def __init__(self, ledger: Ledger, limits: Limits) -> None:
         self._ledger = ledger
         self.limits = limits
+        # Walks run in threads of their own: a huge workspace being measured never holds up the
+        # threads a rewind's or a turn's file work runs in.
+        self._threads = ThreadPoolExecutor(WALKERS, thread_name_prefix="usage")
         self._places: dict[str, tuple[str, Places]] = {}  # session -> (principal, places)
         self._figures: dict[str, tuple[int, int]] = {}  # session -> its last measurement here
         self._principals: dict[str, tuple[float, int]] = {}  # principal -> (read at, its sum)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
+
+    def close(self) -> None:
+        """Stops measuring (the server stops): a walk under way is not waited for."""
+        for task in self._running.values():
+            task.cancel()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     # What this replica serves
 
@@ -184,7 +196,7 @@ class UsageBook:
         if found is None:
             return None
         principal, places = found
-        figure = await asyncio.to_thread(measure, places)
+        figure = await asyncio.get_running_loop().run_in_executor(self._threads, measure, places)
         if session_id not in self._places:
             return None  # forgotten meanwhile (deleted): record nothing of it
         await self._ledger.record_usage(session_id, principal, *figure)

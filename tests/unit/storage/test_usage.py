@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,15 @@ def test_what_is_not_there_holds_nothing(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-async def book(tmp_path: Path) -> tuple[UsageBook, SqliteLedger, Path]:
+async def book(tmp_path: Path) -> AsyncIterator[tuple[UsageBook, SqliteLedger, Path]]:
     ledger = await SqliteLedger.open(tmp_path / "ledger.sqlite3")
     for sid in ("s-1", "s-2"):
         await ledger.add_session(NewSession(session_id=sid, cwd=f"/ws/{sid}", options={}, checkpointing=True))
     work = tmp_path / "ws"
     work.mkdir()
-    return UsageBook(ledger, Limits(session=200_000, principal=300_000)), ledger, work
+    usage = UsageBook(ledger, Limits(session=200_000, principal=300_000))
+    yield usage, ledger, work
+    usage.close()
 
 
 async def test_a_session_over_its_limit_is_measured_again_before_it_is_refused(
