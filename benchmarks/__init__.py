@@ -12,4 +12,6 @@ is: docs/benchmarks.md, whose results block `--update-docs` rewrites from a run.
   process ready (the service cuts the live process in place).
 - `memory`: what a session's CLI processes hold, as /proc reports it: live, hibernated, and right
   after a conversation rewind.
+- `storage`: a prompt with `--max-session-storage` and `--max-principal-storage` on costs at most
+  1.05x one with them off, on a session whose workspace holds 400 files.
 """

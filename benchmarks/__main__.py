@@ -22,6 +22,7 @@ from benchmarks import (
     rewind,
     sandbox,
     snapshots,
+    storage,
     webhooks,
 )
 from benchmarks.common import Report, machine
@@ -38,6 +39,7 @@ BENCHMARKS = (
     "sandbox",
     "webhooks",
     "confinement",
+    "storage",
 )
 
 
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "replicas": lambda: replicas.run(work / "replicas", quick=args.quick),
         "sandbox": lambda: sandbox.run(work / "sandbox", quick=args.quick),
         "confinement": lambda: confinement.run(work / "confinement", quick=args.quick),
+        "storage": lambda: storage.run(work / "storage", quick=args.quick),
         "webhooks": lambda: webhooks.run(
             work / "webhooks", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 20
         ),
