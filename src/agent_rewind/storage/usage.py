@@ -118,6 +118,7 @@ class UsageBook:
         self._figures: dict[str, tuple[int, int]] = {}  # session -> its last measurement here
         self._principals: dict[str, tuple[float, int]] = {}  # principal -> (read at, its sum)
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._walking: dict[str, asyncio.Future[None]] = {}  # a session's walk under way
         self._again: set[str] = set()
 
     def close(self) -> None:
@@ -196,13 +197,28 @@ class UsageBook:
         if found is None:
             return None
         principal, places = found
-        figure = await asyncio.get_running_loop().run_in_executor(self._threads, measure, places)
-        if session_id not in self._places:
-            return None  # forgotten meanwhile (deleted): record nothing of it
+        loop = asyncio.get_running_loop()
+        walked: asyncio.Future[None] = loop.create_future()
+        self._walking[session_id] = walked
+        try:
+            figure = await loop.run_in_executor(self._threads, measure, places)
+            if session_id not in self._places:
+                return None  # forgotten meanwhile (deleted): record nothing of it
+            # Judged by from now on (`admit` waits for the walk, not for the ledger's write);
+            # the principal's sum is moved by the difference rather than read again.
+            before = self._figures.get(session_id)
+            self._figures[session_id] = figure
+            cached = self._principals.get(principal)
+            if cached is not None and before is not None:
+                self._principals[principal] = (cached[0], cached[1] - sum(before) + sum(figure))
+            else:
+                self._principals.pop(principal, None)
+            self._gauge()
+        finally:
+            if self._walking.get(session_id) is walked:
+                del self._walking[session_id]
+            walked.set_result(None)
         await self._ledger.record_usage(session_id, principal, *figure)
-        self._figures[session_id] = figure
-        self._principals.pop(principal, None)
-        self._gauge()
         return figure
 
     def _gauge(self) -> None:
@@ -253,10 +269,19 @@ class UsageBook:
                     raise StorageQuotaExceeded("principal_storage", used, limits.principal)
 
     async def _settled(self, sessions: Iterable[str]) -> None:
+        """Waits for the walks of `sessions` under way (a measurement begun but not yet walking,
+        or walking again after a change, is waited for too: its walk is what is judged)."""
         for session_id in sessions:
-            task = self._running.get(session_id)
-            if task is not None:
-                await asyncio.shield(task)
+            while True:
+                walked = self._walking.get(session_id)
+                if walked is None and session_id in self._running:
+                    await asyncio.sleep(0)  # its walk is about to start
+                    if session_id not in self._walking and session_id in self._running:
+                        await asyncio.shield(self._running[session_id])
+                    continue
+                if walked is None:
+                    break
+                await asyncio.shield(walked)
 
     def _sessions_of(self, principal: str) -> Iterable[str]:
         return [sid for sid, (owner, _) in self._places.items() if owner == principal]
