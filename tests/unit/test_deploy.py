@@ -523,13 +523,39 @@ def test_the_workload_is_a_statefulset_with_the_state_dir_on_a_claim(rendering: 
         claim = volumes[mounts[state_dir]["name"]]["persistentVolumeClaim"]["claimName"]
         assert rendering.one("PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteMany"]
         return
-    # A claim per pod, kept when the StatefulSet is deleted or scaled down.
+    # Claims per pod (the state, the workspaces), kept when the StatefulSet is deleted or scaled
+    # down.
     assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
-    (template,) = spec["volumeClaimTemplates"]
-    assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
-    assert mounts[state_dir]["name"] == template["metadata"]["name"]
-    assert template["metadata"]["name"] not in volumes
+    templates = {t["metadata"]["name"]: t for t in spec["volumeClaimTemplates"]}
+    assert set(templates) == {"state", "workspaces"}
+    for name, template in templates.items():
+        assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert name not in volumes
+    assert mounts[state_dir]["name"] == "state"
     assert not rendering.of_kind("PersistentVolumeClaim")
+
+
+def _volume_of(rendering: Rendering, path: Path) -> str:
+    """The pod volume `path` lies on: the one mounted at the deepest mount path holding it."""
+    mounts = {Path(_as_served(m["mountPath"])): m["name"] for m in rendering.container["volumeMounts"]}
+    holding = [mount for mount in mounts if path.is_relative_to(mount)]
+    assert holding, f"{path} is on no volume: the read-only root"
+    return mounts[max(holding, key=lambda mount: len(mount.parts))]
+
+
+def test_the_workspaces_have_a_volume_of_their_own(rendering: Rendering) -> None:
+    """An agent filling its workspace fills that volume, never the state dir's: every workspace
+    root lies on a claim other than the state dir's (docs/operations.md, "A full disk")."""
+    config = rendering.config()
+    spec = rendering.workload["spec"]
+    claims = {t["metadata"]["name"] for t in spec.get("volumeClaimTemplates", [])}
+    claims |= {v["name"] for v in rendering.pod.get("volumes", []) if "persistentVolumeClaim" in v}
+    state = _volume_of(rendering, config.state_dir)
+    assert config.workspace_roots
+    for root in config.workspace_roots:
+        assert not root.is_relative_to(config.state_dir), root
+        volume = _volume_of(rendering, root)
+        assert volume in claims and volume != state, (root, volume)
 
 
 def test_every_container_has_resources_and_a_locked_down_security_context(rendering: Rendering) -> None:
@@ -758,17 +784,17 @@ def test_the_shared_overlay_runs_every_replica_on_one_volume_with_shared_storage
     assert config.database_url, "the server refuses --shared-storage without --database-url"
     check_replicas(config)  # what `serve` checks at start
     assert not Rendering("replicas", json.loads(_rendered("replicas"))).config().shared_storage
-    # Every pod is the template's: the one claim, at the state dir, which holds the default
-    # workspace root too, so every replica sees every session's files at the same paths.
+    # Every pod is the template's: the same claims at the state dir and at the workspace root,
+    # so every replica sees every session's files at the same paths.
     assert "volumeClaimTemplates" not in shared.workload["spec"]
     assert shared.workload["spec"]["replicas"] > 1
-    mounts = {_as_served(m["mountPath"]): m["name"] for m in shared.container["volumeMounts"]}
-    assert all(root.is_relative_to(config.state_dir) for root in config.workspace_roots)
-    (state,) = [v for v in shared.pod["volumes"] if v["name"] == mounts[str(config.state_dir)]]
-    claim = shared.one("PersistentVolumeClaim", state["persistentVolumeClaim"]["claimName"])
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert _quantity(claim["spec"]["resources"]["requests"]["storage"]) > 0
-    assert not state["persistentVolumeClaim"].get("readOnly")
+    volumes = {v["name"]: v for v in shared.pod["volumes"]}
+    for path in (config.state_dir, *config.workspace_roots):
+        volume = volumes[_volume_of(shared, path)]
+        claim = shared.one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert _quantity(claim["spec"]["resources"]["requests"]["storage"]) > 0
+        assert not volume["persistentVolumeClaim"].get("readOnly")
 
 
 def test_the_readme_describes_every_file_of_deploy() -> None:
