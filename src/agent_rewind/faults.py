@@ -35,6 +35,10 @@ STEPS: dict[str, str] = {
     "turn.prompt_recorded": "the CLI wrote the prompt to the transcript and echoed it",
     "turn.result": "the CLI answered the turn's result; the service has not recorded the turn",
     "turn.recorded": "the turn is recorded; its stream has not ended",
+    # A retention pass (storage/retention.py), in order.
+    "retention.marked": "the points are marked files_pruned in the ledger; nothing is deleted yet",
+    "retention.pruned": "the snapshot records are pruned; their objects and the backups are not deleted yet",
+    "retention.collected": "the snapshot repository is collected; the backups are not deleted yet",
     # The points index (sessions/points.py), whenever it is written from the transcript.
     "points.recording": "the transcript was read for the points index; the ledger does not hold it yet",
 }

@@ -18,7 +18,7 @@ as an internal error, rather than being skipped or dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -321,3 +321,42 @@ class Applied:
         except (KeyError, TypeError, ValueError) as err:
             raise UnreadableIntent(f"a rewind's result cannot be read: {err!r}") from err
         return cls(outcome, _optional(kept, "after", str) if kept is not None else None)
+
+
+# What retention keeps of the snapshot store besides the snapshots (storage/retention.py)
+
+
+def undo_trees(rewinds: Sequence[RewindRecord], kept: Callable[[str], bool]) -> set[str]:
+    """The trees of a session's snapshot store its rewinds still need that are no snapshot (a
+    files half from checkpoints captures its paths): a pending intent's, whatever it is, and the
+    latest rewind's (what an undo of it restores and compares with) while `kept` says the point
+    it rewound to keeps its files. An intent that cannot be read raises UnreadableIntent."""
+    trees: set[str] = set()
+    for record in rewinds:
+        if record.state != "applied":
+            trees |= _trees(record)
+    applied = [r for r in rewinds if r.state == "applied"]
+    if applied and applied[-1].kind == "rewind" and applied[-1].result is not None:
+        latest = applied[-1]
+        if kept(Intent.of(latest).target):
+            trees |= _trees(latest)
+            after = Applied.from_json(latest.result).files_after
+            if after:
+                trees.add(after)
+    return trees
+
+
+def _trees(record: RewindRecord) -> set[str]:
+    """The trees a rewind's (or an undo's) intent names."""
+    found: tuple[str | None, ...] = ()
+    if record.kind == "undo":
+        files = UndoIntent.of(record).files
+        if files is not None:
+            found = (files.before, files.now, files.whole)
+    else:
+        intent = Intent.of(record)
+        if intent.snapshot is not None:
+            found = (intent.snapshot.start, intent.snapshot.now)
+        if intent.files_before is not None:
+            found = (*found, intent.files_before.tree)
+    return {tree for tree in found if tree}

@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import shutil
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,9 +50,6 @@ REWIND_AFTER = "rewind_after"
 # Stores watching their workspace at once (an inotify instance each; a user has 128 by default,
 # and each live CLI process holds one): past it, the least recently snapshotted stops watching.
 MAX_WATCHED = 48
-
-# Pruned snapshots a store collects at once (a repack), rather than one at every turn.
-COLLECT_AFTER = 16
 
 # A first snapshot past --snapshot-timeout goes on in the background up to this many times it.
 BACKGROUND_TIMES = 10
@@ -102,8 +99,6 @@ class Snapshots:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="snapshot")
         # Per session: its records, read from the ledger once, then kept in step.
         self._records: dict[str, list[SnapshotRecord]] = {}
-        # Per session: snapshots pruned since its store was last collected.
-        self._uncollected: dict[str, int] = {}
         # Per session: its records' availability, with the list and length it was computed from.
         self._available: dict[str, tuple[list[SnapshotRecord], int, dict[str, bool]]] = {}
         # Per session: its store's bytes on disk, with the records' (length, last seq) measured at.
@@ -288,26 +283,22 @@ class Snapshots:
                 out[record.ref] = later_complete
         return out
 
-    async def retain(self, session_id: str, cwd: str, points: int) -> None:
-        """Keeps the snapshots of the newest `points` turns (and everything after the oldest of
-        them); the rest are marked pruned and their objects collected by reachability."""
+    async def prune_records(self, session_id: str, before_seq: int) -> int:
+        """Marks the session's snapshots older than `before_seq` pruned (no tree: no rewind reads
+        them again); their objects stay until `collect`. How many (storage/retention.py)."""
+        pruned = await self._ledger.prune_snapshots(session_id, before_seq)
+        if pruned:
+            self._records[session_id] = await self._ledger.snapshots(session_id)
+        return pruned
+
+    async def collect(self, session_id: str, cwd: str, also_keep: Iterable[str] = ()) -> None:
+        """Deletes every object of the session's repository that neither an unpruned snapshot nor
+        a tree of `also_keep` reaches (git's reachability: `SnapshotStore.keep_only`)."""
         records = await self.records(session_id)
-        starts = [r for r in records if r.kind == TURN_START and r.tree is not None]
-        if points <= 0 or len(starts) <= points:
-            return
-        keep_from = starts[-points].seq
-        pruned = await self._ledger.prune_snapshots(session_id, keep_from)
-        if not pruned:
-            return
-        self._records[session_id] = await self._ledger.snapshots(session_id)
-        # Collecting repacks the repository: do it once enough is unreachable, not every turn.
-        self._uncollected[session_id] = self._uncollected.get(session_id, 0) + pruned
-        if self._uncollected[session_id] >= COLLECT_AFTER:
-            kept = [r.tree for r in self._records[session_id] if r.tree is not None]
-            store = self.store(session_id, cwd)
-            await self.run(lambda: store.keep_only(kept))
-            self._uncollected[session_id] = 0
-            self._bytes.pop(session_id, None)
+        kept = {r.tree for r in records if r.tree is not None} | set(also_keep)
+        store = self.store(session_id, cwd)
+        await self.run(lambda: store.keep_only(kept))
+        self._bytes.pop(session_id, None)
 
     async def disk_bytes(self, session_id: str) -> int:
         """What the session's store holds on disk, as of its last recorded (or pruned) snapshot:
@@ -341,7 +332,6 @@ class Snapshots:
     async def delete(self, session_id: str) -> None:
         self._records.pop(session_id, None)
         self._available.pop(session_id, None)
-        self._uncollected.pop(session_id, None)
         self._bytes.pop(session_id, None)
         self._stop_watching(session_id)
         self._stores.pop(session_id, None)

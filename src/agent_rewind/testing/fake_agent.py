@@ -20,6 +20,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def prompt_entry(uid: str, parent: str | None, text: str) -> dict[str, Any]:
         "isSidechain": False,
         "promptSource": "sdk",
         "message": {"role": "user", "content": text},
-        "timestamp": "2026-11-29T23:27:38.962Z",
+        "timestamp": _now(),
     }
 
 
@@ -62,8 +63,14 @@ def reply_entry(uid: str, parent: str, text: str) -> dict[str, Any]:
         "parentUuid": parent,
         "isSidechain": False,
         "message": {"id": f"msg_{uid[:8]}", "role": "assistant", "content": [{"type": "text", "text": text}]},
-        "timestamp": "2026-11-29T23:27:39.030Z",
+        "timestamp": _now(),
     }
+
+
+def _now() -> str:
+    """The time as the CLI writes it ("2026-11-29T23:27:38.962Z"): prompts sent one after another
+    have increasing times, as retention (storage/retention.py) relies on."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def append(path: Path, *entries: dict[str, Any]) -> None:

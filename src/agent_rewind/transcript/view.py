@@ -15,7 +15,7 @@ from typing import Protocol, overload
 
 from agent_rewind.errors import InvalidArgument, MessageNotFound, NotARewindPoint
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW, EntryKind, RewindPoint, parse_timestamp
-from agent_rewind.transcript.records import Entry, Records
+from agent_rewind.transcript.records import Backup, Entry, Records
 
 
 class Source(Protocol):
@@ -240,6 +240,11 @@ class ConversationView:
                 return True  # started from somewhere we cannot see: say what it is
             agent = parent_agent
         return True
+
+    @property
+    def backups(self) -> Sequence[Backup]:
+        """The CLI's file-history records, every branch's, in the order written."""
+        return self._store.backups
 
     @property
     def tracked_files(self) -> set[str]:

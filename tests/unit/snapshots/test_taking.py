@@ -69,25 +69,43 @@ async def test_snapshots_are_recorded_in_order_and_a_later_incomplete_one_makes_
     assert await s.records(SID) == records, "read back from the ledger as recorded"
 
 
-async def test_retention_prunes_old_points_and_collects_their_objects(
-    snaps: tuple[Snapshots, Path], monkeypatch: pytest.MonkeyPatch
+async def test_pruned_records_lose_their_trees_and_collecting_deletes_what_only_they_reached(
+    snaps: tuple[Snapshots, Path],
 ) -> None:
     s, ws = snaps
-    monkeypatch.setattr(taking, "COLLECT_AFTER", 1)
     for i in range(4):
         await _turn(s, ws, f"p{i}", {f"f{i}.txt": f"unique content {i}"})
     first_tree = (await s.records(SID))[1].tree  # p0's end: holds f0.txt only
     assert first_tree is not None
-    await s.retain(SID, str(ws), points=2)
+    keep_from = (await s.records(SID))[4].seq  # p2's start
+    assert await s.prune_records(SID, keep_from) == 4
     records = await s.records(SID)
     assert s.available(records) == {"p0": False, "p1": False, "p2": True, "p3": True}
     assert [r.reason for r in records[:4]] == ["pruned"] * 4
     repo = s.root / f"{SID}.git"
+    assert _has(repo, first_tree), "pruning the records deletes nothing yet"
+    await s.collect(SID, str(ws))
     assert not _has(repo, first_tree), "an unreachable tree is collected"
     kept = records[4].tree
     assert kept is not None and _has(repo, kept)
-    await s.retain(SID, str(ws), points=0)  # 0 keeps everything: nothing more is pruned
-    assert await s.records(SID) == records
+    assert await s.prune_records(SID, keep_from) == 0, "pruned once"
+
+
+async def test_collecting_keeps_the_trees_it_is_told_to_besides_the_snapshots(
+    snaps: tuple[Snapshots, Path],
+) -> None:
+    s, ws = snaps
+    await _turn(s, ws, "p0", {"a.txt": "a"})
+    (ws / "b.txt").write_text("only in a captured tree")
+    captured = await s.run(lambda: s.store(SID, str(ws)).capture(["b.txt"]))
+    (ws / "b.txt").unlink()
+    await _turn(s, ws, "p1", {"a.txt": "a2"})
+    await s.prune_records(SID, (await s.records(SID))[2].seq)
+    await s.collect(SID, str(ws), also_keep=[captured])
+    repo = s.root / f"{SID}.git"
+    assert _has(repo, captured)
+    await s.collect(SID, str(ws))
+    assert not _has(repo, captured)
 
 
 async def _watching(s: Snapshots, where: Path, sessions: list[str], expected: list[bool]) -> None:
