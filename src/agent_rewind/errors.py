@@ -234,6 +234,20 @@ class RevertConflict(AgentRewindError):
         )
 
 
+class FilesPruned(AgentRewindError):
+    """What a files rewind to the point needs was deleted by retention (storage/retention.py)."""
+
+    reason = "FILES_PRUNED"
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(
+            f"the point {message_id!r} is files_pruned: retention (--retain-file-points, "
+            "--retain-file-days) deleted what a files rewind to it needs; a conversation rewind "
+            "to it still works",
+            metadata={"message_id": message_id},
+        )
+
+
 class UndoUnavailable(AgentRewindError):
     reason = "UNDO_UNAVAILABLE"
 

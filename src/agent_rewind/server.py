@@ -32,6 +32,7 @@ from agent_rewind.config import CREDENTIAL_VARIABLES, Config
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.replicas import Membership, Owners
+from agent_rewind.rewind import intent
 from agent_rewind.rewind.engine import RewindEngine
 from agent_rewind.rpc import convert, registration, tooling
 from agent_rewind.rpc.auth import Authenticator
@@ -344,6 +345,7 @@ async def _make(
         live=live,
         snapshots=snapshots,
         retention=Retention(config.retain_file_points, config.retain_file_days),
+        rewind_trees=intent.undo_trees,
         usage=usage,
         replica_id=config.replica_id,
     )

@@ -198,7 +198,7 @@ def format_points(points: Sequence[rewind_pb2.RewindPoint], last_message_id: str
             str(p.index),
             p.message_id,
             p.resume_at_message_id or "-",
-            yes_no(p.files_rewindable),
+            "pruned" if p.files_pruned else yes_no(p.files_rewindable),
             yes_no(p.snapshot_available),
             yes_no(p.compacted),
             format_time(p.create_time),

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 import structlog
@@ -26,6 +27,7 @@ from agent_rewind import faults, metrics, tasks, tracing, workspace_paths
 from agent_rewind.errors import (
     AgentRewindError,
     FileCheckpointUnavailable,
+    FilesPruned,
     NoConversationAnchor,
     RewindConflict,
     WorkspaceOutsideRoot,
@@ -49,6 +51,7 @@ from agent_rewind.rewind.snapshot_files import SnapshotFiles
 from agent_rewind.rewind.undo import Undo
 from agent_rewind.snapshots import Snapshot
 from agent_rewind.snapshots.taking import Snapshots
+from agent_rewind.storage.retention import is_pruned
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -156,8 +159,16 @@ class RewindEngine:
         intact = not req.mode.files or workspace_paths.intact(session.cwd)
         if intact and req.mode.files and req.paths:
             await asyncio.to_thread(rewind_paths.check_links, session.cwd, req.paths)
-        served = await self._snapshot_files.plan(session, point, req) if req.mode.files and intact else None
-        if not intact:
+        # Retention deleted what a files rewind to the point needs (storage/retention.py).
+        pruned = req.mode.files and is_pruned(point.create_time, await self._pruned_before(session))
+        served = (
+            await self._snapshot_files.plan(session, point, req)
+            if req.mode.files and intact and not pruned
+            else None
+        )
+        if pruned:
+            files = FilesHalf(True, refusal=refuse(FilesPruned(point.message_id)))
+        elif not intact:
             # The workspace (or a directory on the way) was replaced by a link: a restore would
             # write wherever it leads.
             cwd = session.cwd
@@ -189,6 +200,11 @@ class RewindEngine:
             looked,
             reading.index,
         )
+
+    async def _pruned_before(self, session: SessionRecord) -> datetime | None:
+        """The session's retention mark: points sent before it are files_pruned."""
+        found = await self._ledger.usage(session.session_id)
+        return found.files_pruned_before if found is not None else None
 
     async def _side_effects(
         self, worker: RewindSession, view: ConversationView, point: RewindPoint

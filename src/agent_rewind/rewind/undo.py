@@ -32,6 +32,7 @@ from agent_rewind.rewind.intent import Applied, Intent, UndoFiles, UndoIntent
 from agent_rewind.rewind.outcome import SINCE, ConversationHalf, FilesHalf, RewindOutcome, event_data
 from agent_rewind.rewind.session import RewindSession
 from agent_rewind.rewind.snapshot_files import SnapshotFiles
+from agent_rewind.storage.retention import is_pruned
 from agent_rewind.store.ledger import (
     Anchor,
     EventRecord,
@@ -92,6 +93,7 @@ class Undo:
         done = applied.outcome
         files = None
         if done.files.requested and done.files.can_rewind:
+            await self._check_kept(session, req, intent, reading)
             files = await self._files(session, req, intent, applied)
         leaf = None
         if done.conversation.rewound:
@@ -99,6 +101,19 @@ class Undo:
             if not leaf:
                 raise UndoUnavailable(req.rewind_id, "it was made by an older version, which kept no leaf")
         return _Plan(target, files, leaf, reading)
+
+    async def _check_kept(
+        self, session: SessionRecord, req: UndoRequest, intent: Intent, reading: Reading
+    ) -> None:
+        """UNDO_UNAVAILABLE once retention may have deleted the files the rewind saved: the point
+        it rewound to is files_pruned (storage/retention.py keeps them only while it is kept)."""
+        found = await self._ledger.usage(session.session_id)
+        entry = reading.index.get(intent.target)
+        if found is not None and is_pruned(entry.create_time if entry else None, found.files_pruned_before):
+            raise UndoUnavailable(
+                req.rewind_id,
+                "retention deleted the files it saved (the point it rewound to is files_pruned)",
+            )
 
     async def _files(
         self, session: SessionRecord, req: UndoRequest, intent: Intent, applied: Applied

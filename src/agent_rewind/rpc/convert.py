@@ -162,12 +162,17 @@ def turn_event(session_id: str, event: TurnEvent, *, priced: bool = True) -> ses
 
 
 def rewind_point(
-    point: RewindPoint, checkpointing: bool, holds_pending: bool = False, snapshot: bool | None = None
+    point: RewindPoint,
+    checkpointing: bool,
+    holds_pending: bool = False,
+    snapshot: bool | None = None,
+    files_pruned: bool = False,
 ) -> rewind_pb2.RewindPoint:
     """`holds_pending`: the session's live process ran its newest prompt, so it holds that prompt's
     checkpoint before the CLI has written it down. `snapshot`: None when no workspace snapshot was
     taken at the point, else whether snapshots can serve it; where they cannot (an incomplete
-    snapshot), the CLI's checkpoints serve the point if they can, never half a snapshot."""
+    snapshot), the CLI's checkpoints serve the point if they can, never half a snapshot.
+    `files_pruned`: retention deleted what a files rewind to it needs (neither serves it)."""
     text = point.text if len(point.text) <= PREVIEW_CHARS else point.text[: PREVIEW_CHARS - 1] + "…"
     checkpoint = checkpointing and point.has_checkpoint and (holds_pending or not point.checkpoint_pending)
     return rewind_pb2.RewindPoint(
@@ -177,8 +182,9 @@ def rewind_point(
         text=text,
         index=point.index,
         create_time=timestamp(point.create_time),
-        files_rewindable=bool(snapshot) or checkpoint,
-        snapshot_available=bool(snapshot),
+        files_rewindable=not files_pruned and (bool(snapshot) or checkpoint),
+        snapshot_available=not files_pruned and bool(snapshot),
+        files_pruned=files_pruned,
     )
 
 

@@ -29,6 +29,7 @@ from agent_rewind.rpc.requests import PageTokens, optional_uuid, required
 from agent_rewind.sessions import adapter, points
 from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.sessions.worker import SessionWorker
+from agent_rewind.storage.retention import is_pruned
 from agent_rewind.store.ledger import EventRecord, SessionRecord
 from agent_rewind.transcript.entries import FILE_CHECKPOINT_WINDOW
 
@@ -145,6 +146,7 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             head = await worker.points.current_head()
             checkpointing = worker.record.checkpointing
             snapshots = await worker.snapshot_availability()
+            pruned_before = await worker.retention.pruned_before()
         else:
             record = await self._stored(session_id, principal)
             found_head = await ledger.points_head(session_id)
@@ -161,6 +163,8 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
             head = found_head
             checkpointing = record.checkpointing
             snapshots = await self._registry.stored_snapshot_availability(record)
+            usage = await ledger.usage(session_id)  # as the owner's retention marked it
+            pruned_before = usage.files_pruned_before if usage is not None else None
         page = self._pages.points(session_id, start, size, head)
         if page is None:
             found = await points.page(ledger, session_id, start, size)
@@ -168,13 +172,24 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
                 raise SessionNotFound(session_id)
             head, page = found
             self._pages.put(session_id, start, size, head, page)
-        key = (checkpointing, head.holds_newest, tuple(snapshots.get(p.message_id) for p in page))
+        key = (
+            checkpointing,
+            head.holds_newest,
+            tuple(snapshots.get(p.message_id) for p in page),
+            pruned_before,
+        )
         encoded = self._pages.encoded(session_id, start, size, key)
         if encoded is None:
             more = start + size < head.count
             encoded = rewind_service_pb2.ListRewindPointsResponse(
                 points=[
-                    convert.rewind_point(p, checkpointing, head.holds_newest, snapshots.get(p.message_id))
+                    convert.rewind_point(
+                        p,
+                        checkpointing,
+                        head.holds_newest,
+                        snapshots.get(p.message_id),
+                        files_pruned=is_pruned(p.create_time, pruned_before),
+                    )
                     for p in page
                 ],
                 next_page_token=self._tokens.issue(scope, {"i": start + size}) if more else "",

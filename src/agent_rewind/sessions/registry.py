@@ -123,7 +123,11 @@ class SessionRegistry:
     def _register_checked(self, record: SessionRecord) -> SessionWorker | None:
         """Registers a stored session, as it may be served now (none if it may not be)."""
         servable = loading.servable(record, roots=self._config.workspace_roots, operator=self.operator)
-        return self._register(servable) if servable is not None else None
+        if servable is None:
+            return None
+        worker = self._register(servable)
+        worker.retention.loaded()  # time alone may have pruned its points, or a pass was cut short
+        return worker
 
     def _register(self, record: SessionRecord) -> SessionWorker:
         _register_secrets(record.options)

@@ -31,7 +31,6 @@ from agent_rewind.sessions.state import SessionState
 from agent_rewind.sessions.turn_events import PromptEvent, ResultEvent
 from agent_rewind.sessions.turns import Prelude, Turn, error_record
 from agent_rewind.snapshots.taking import TURN_END, TURN_START, Snapshots
-from agent_rewind.storage.retention import Retention
 from agent_rewind.store.ledger import Ledger, NewRequest, RequestIdTaken, dumps
 
 # How many recent turns a retried Prompt (same request_id) re-attaches to in memory, per session;
@@ -54,7 +53,9 @@ class Settings:
 
     ledger: Ledger
     snapshots: Snapshots | None
-    retention: Retention
+    # What only older points need may be deleted: a retention pass, in the background
+    # (storage/retention.py).
+    retain: Callable[[], None]
     # Seconds a turn may ignore Interrupt before its process is killed.
     interrupt_timeout: float
     # Finishes the session's pending rewind intents (under the lock, before the turn runs).
@@ -301,7 +302,10 @@ class TurnRunner:
                 self._log.error("could not record the turn", step=name, error=str(err))
                 failure = failure or StorageUnavailable(f"the turn ran, but it could not be recorded ({err})")
         if turn.sent:
-            self._ctx.storage_changed()  # measured again, in the background
+            # Measured again once its end is recorded (its end snapshot is history too), in
+            # threads of its own, before the session takes another turn.
+            self._ctx.storage_changed()
+            self._ctx.retain()
         faults.point("turn.recorded")
         return failure
 
@@ -313,11 +317,6 @@ class TurnRunner:
         if snaps is None or not w.record.workspace_snapshots:
             return
         await snaps.take_and_record(w.session_id, w.record.cwd, kind, prompt_id)
-        if kind == TURN_END and self._ctx.retention.points:  # (the days: issue 40, storage/retention.py)
-            try:
-                await snaps.retain(w.session_id, w.record.cwd, self._ctx.retention.points)
-            except Exception as err:  # collected next time
-                self._log.error("could not collect old workspace snapshots", error=str(err))
 
     async def _announce(self, turn: Turn, within: float | None = None) -> None:
         """Publishes the prompt as soon as the CLI wrote it to the transcript: the rewind point

@@ -47,7 +47,7 @@ from agent_rewind.sessions.status import State
 from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.snapshots.taking import Snapshots, repository
-from agent_rewind.storage.retention import Retention
+from agent_rewind.storage.retention import Retention, RewindTrees, SessionRetention
 from agent_rewind.storage.usage import Places, UsageBook
 from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord
 from agent_rewind.transcript import paths as transcript_paths
@@ -91,6 +91,9 @@ class WorkerContext:
     # Workspace snapshots (None: off on this server), and what points keep what files rewinds need.
     snapshots: Snapshots | None = None
     retention: Retention = field(default_factory=Retention)
+    # What a session's rewinds need of its snapshot store besides its snapshots (set by the
+    # server from rewind/intent.py); None: retention leaves the snapshots as they are.
+    rewind_trees: RewindTrees | None = None
     # This replica's id (--replica-id): the owner of the sessions it creates.
     replica_id: str = ""
     # What each session holds, and the storage limits (None: not measured, no limits).
@@ -132,6 +135,10 @@ class SessionWorker:
             ),
             lifecycle.Others(interrupt=self.interrupt, end_turns=self._end_turns, forget=self.forget),
         )
+        # Retention of what files rewinds need (storage/retention.py): its mark and its passes.
+        self.retention = SessionRetention(
+            self, ctx.ledger, ctx.snapshots, ctx.retention, self._log, ctx.rewind_trees
+        )
         self.turns = TurnRunner(
             self._state,
             self._view,
@@ -140,7 +147,7 @@ class SessionWorker:
             running.Settings(
                 ledger=ctx.ledger,
                 snapshots=ctx.snapshots,
-                retention=ctx.retention,
+                retain=self.retention.soon,
                 interrupt_timeout=ctx.interrupt_timeout,
                 resolve_pending=lambda: ctx.resolve_pending(self),
                 admit_turn=lambda: ctx.admit_turn(self),

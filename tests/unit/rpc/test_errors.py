@@ -29,6 +29,7 @@ EXTRA_TABLE: dict[str, int] = {
     # Named by the contract's round 4 prose, not its table.
     "PATH_OUTSIDE_WORKSPACE": code_pb2.INVALID_ARGUMENT,
     "REVERT_CONFLICT": code_pb2.FAILED_PRECONDITION,
+    "FILES_PRUNED": code_pb2.FAILED_PRECONDITION,
 }
 EXPECTED = {**API_TABLE, **EXTRA_TABLE}
 
@@ -77,6 +78,7 @@ SAMPLES: dict[type[AgentRewindError], tuple[Callable[[], AgentRewindError], dict
         lambda: errors.PathOutsideWorkspace("../etc", "leaves the workspace"),
         {"field": "paths"},
     ),
+    errors.FilesPruned: (lambda: errors.FilesPruned("m-1"), {"message_id": "m-1"}),
     errors.UndoUnavailable: (lambda: errors.UndoUnavailable("r-1", "a turn ran"), {"rewind_id": "r-1"}),
     errors.SnapshotUnavailable: (
         lambda: errors.SnapshotUnavailable("m-1", "over_size"),

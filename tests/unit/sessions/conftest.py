@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agent_rewind.rewind.intent import undo_trees
 from agent_rewind.sessions.live import LiveSlots
 from agent_rewind.sessions.worker import SessionWorker, WorkerContext
 from agent_rewind.snapshots.taking import Snapshots
@@ -68,6 +69,7 @@ async def make_worker(tmp_path: Path, ledger: FlakyLedger) -> AsyncIterator[Make
             replica_id=replica_id,
             snapshots=snapshots,
             retention=Retention(snapshot_retention),
+            rewind_trees=undo_trees,
             **extra,
         )
         worker = SessionWorker(record, ctx)

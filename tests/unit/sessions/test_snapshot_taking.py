@@ -76,6 +76,7 @@ async def test_snapshot_retention_keeps_the_newest_turns_snapshots(
     await collect(first)
     second = await within(worker.start_turn("two"))
     await collect(second)
+    await within(worker.retention.settled())  # the pass after the turn, in the background
     available = await worker.snapshot_availability()
     assert available.get(second.prompt_id) is True
     assert available.get(first.prompt_id) is not True
