@@ -312,9 +312,10 @@ class SessionRetention:
         if lane is None:
             lane = _loading[loop] = asyncio.Semaphore(1)
         async with lane:
-            if self.retention.days <= 0 and not self._under_way():
-                return
-            await self._logged(release=True)
+            if self.retention.days > 0 or self._under_way():
+                await self._logged(release=True)
+        if self._again:  # a turn ended meanwhile: its pass
+            await self._passes()
 
     async def _logged(self, *, release: bool = False) -> None:
         try:

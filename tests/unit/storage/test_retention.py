@@ -525,3 +525,15 @@ async def test_a_pass_waits_for_the_sessions_lock_and_skips_a_deleted_session(wo
         w.session.gone = True
     await rule.settled()
     assert await w.ledger.usage(w.session.session_id) is None
+
+
+async def test_a_pass_asked_for_while_the_pass_at_load_waits_is_not_lost(world: World) -> None:
+    w = world
+    await _five_snapshotted_turns(w)
+    rule = w.retention(Retention(points=2))
+    async with w.session.lock:
+        rule.loaded()  # nothing to do at load (no age bound, no pass cut short)
+        rule.soon()  # a turn ended meanwhile
+    await rule.settled()
+    usage = await w.ledger.usage(w.session.session_id)
+    assert usage is not None and usage.files_pruned_before == _at(3)
