@@ -56,6 +56,7 @@ def bench_config(state_dir: Path, **overrides: Any) -> Config:
         "shutdown_grace": 5,
         "log_format": "console",
         "log_level": "warning",
+        "storage_reserve": 0,  # (no 64 MiB file in each run's state dir)
     }
     return Config(**{**values, **overrides}).resolved()
 

@@ -44,6 +44,7 @@ from agent_rewind.sessions.registry import SessionRegistry
 from agent_rewind.snapshots import Limits
 from agent_rewind.snapshots import git as snapshot_git
 from agent_rewind.snapshots.taking import Snapshots, snapshots_dir
+from agent_rewind.storage.reserve import RESERVE_NAME, Reserve
 from agent_rewind.store.ledger import Ledger, SchemaTooNew, now
 from agent_rewind.store.sqlite import SqliteLedger
 from agent_rewind.testing.scripted_model import ScriptedModel
@@ -171,7 +172,7 @@ def start_model(made: Made, backend: str) -> ScriptedModel | None:
     return model
 
 
-async def open_ledger(made: Made, config: Config) -> Ledger:
+async def open_ledger(made: Made, config: Config, on_full: Callable[[], bool] | None = None) -> Ledger:
     """The SQLite file in the state dir, or PostgreSQL with --database-url; the events past their
     retention dropped."""
     try:
@@ -179,6 +180,8 @@ async def open_ledger(made: Made, config: Config) -> Ledger:
     except (SchemaTooNew, StorageUnavailable, ImportError, StartError) as err:
         raise err if isinstance(err, StartError) else StartError(str(err)) from err
     made.push_async_callback(ledger.close)
+    if on_full is not None and isinstance(ledger, SqliteLedger):
+        ledger.dialect.on_full = on_full
     try:
         await _trim_events(ledger, config)
     except Exception as err:
@@ -571,3 +574,26 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )
+
+
+async def open_reserve(made: Made, config: Config) -> Reserve:
+    """The storage reserve in the state dir (storage/reserve.py), made if there is room, and
+    watched until the server stops."""
+    # One file per replica where replicas share the state dir: each keeps, and releases, its own.
+    name = f"{RESERVE_NAME}-{config.replica_id}" if config.shared_storage else RESERVE_NAME
+    reserve = Reserve(config.state_dir, config.storage_reserve, config.workspace_roots, name=name)
+    if config.storage_reserve and not await asyncio.to_thread(reserve.make):
+        log.warning(
+            "no room for the storage reserve: no turn starts until the state dir's volume has "
+            "twice --storage-reserve free",
+            bytes=config.storage_reserve,
+        )
+    watching = asyncio.create_task(reserve.watch(), name="storage-reserve")
+
+    async def stop() -> None:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+    made.push_async_callback(stop)
+    return reserve

@@ -270,7 +270,8 @@ async def _make(
     sandbox, proxy = await components.open_sandbox(made, config, reached=reached)
     confinement = await components.open_cli_confinement(config)
     model = components.start_model(made, backend)
-    ledger = await components.open_ledger(made, config)
+    reserve = await components.open_reserve(made, config)
+    ledger = await components.open_ledger(made, config, on_full=reserve.release)
     caches = ServiceCaches()
     hub = await components.start_events(made, ledger, config, caches.forget)
     snapshots = components.open_snapshots(made, config, ledger)
@@ -348,6 +349,7 @@ async def _make(
         rewind_trees=intent.undo_trees,
         usage=usage,
         replica_id=config.replica_id,
+        reserve=reserve,
     )
     registry = SessionRegistry(config=config, ledger=ledger, ctx=ctx, publish=publish, owners=owners)
     forwarder = (

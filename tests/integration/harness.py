@@ -48,6 +48,8 @@ def test_config(state_dir: Path, **overrides: Any) -> Config:
         "idle_timeout": 0,
         "shutdown_grace": 5,
         "workspace_snapshots": False,
+        # No 64 MiB reserve file in every test's state dir (test_full_disk.py tests it).
+        "storage_reserve": 0,
     }
     values.update(overrides)
     return Config(**values).resolved()

@@ -15,12 +15,6 @@ transcripts are whole and the points right; ListSessions, GetSession, ListRewind
 rewind work for both; a new turn of either is refused before it starts (RESOURCE_EXHAUSTED,
 QUOTA_EXCEEDED, limit `storage_reserve`), writing nothing; once space is freed (alice deletes her
 session, or her big file), both start turns again and the reserve is there again.
-
-TODO(lead): these tests need `--storage-reserve` wired into the server (Config.storage_reserve,
-the reserve made before the ledger opens and released when a ledger write finds the volume
-full, `Reserve.admit` in the registry's turn and fork admission): the helper's report has the
-code. Until then each fails at `Config(storage_reserve=...)`, as `pytestmark` expects; remove the
-mark with the wiring (it is strict: a test that passes then fails, to say so).
 """
 
 from __future__ import annotations
@@ -54,9 +48,6 @@ VOLUME = 96 * MIB
 RESERVE = 16 * MIB
 FILL = "bash dd if=/dev/zero of=big bs=1M count=200"
 TOKENS = {"alice": "arw_alice-full-disk", "bob": "arw_bob-full-disk"}
-
-# TODO(lead): remove with the wiring of --storage-reserve (see the docstring).
-pytestmark = pytest.mark.xfail(raises=TypeError, strict=True, reason="--storage-reserve is not wired yet")
 
 
 @contextmanager

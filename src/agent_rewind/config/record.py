@@ -109,6 +109,9 @@ class Config:
     # ForkSession at or over one is refused (QUOTA_EXCEEDED) before it starts.
     max_session_storage: int = 0
     max_principal_storage: int = 0
+    # Bytes kept free on the state dir's volume for the service's own writes (storage/reserve.py):
+    # released when the volume is full; no turn starts while it is. 0: none.
+    storage_reserve: int = 64 << 20
     # The command sandbox (sandbox/): "on" confines every command the agent runs; the hosts
     # its commands may reach through the egress proxy ("host", "host:port", "*.domain").
     sandbox: Literal["on", "off"] = "on"

@@ -453,6 +453,17 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         default_help="0: no limit",
     ),
     Flag(
+        "--storage-reserve",
+        "storage_reserve",
+        "bytes kept in a file in the state dir for the service's own writes (ledger, transcripts) "
+        "when a workspace fills the volume: released when it is full, made again once twice this "
+        "is free; no Prompt or ForkSession starts while it is released or while the state dir's or "
+        "the workspace's volume has less than this free (RESOURCE_EXHAUSTED, QUOTA_EXCEEDED); 0: none",
+        convert=count,
+        metavar="BYTES",
+        default_help="67108864 (64 MiB)",
+    ),
+    Flag(
         "--log-format",
         "log_format",
         "json, console, or auto: console when stderr is a terminal, else json",

@@ -195,6 +195,8 @@ class SessionRegistry:
         running = sum(1 for w in self._workers.values() if w.turn_running and w.record.principal == owner)
         if running >= limit:
             raise QuotaExceeded("running_turns", limit)
+        if self._ctx.reserve is not None:
+            self._ctx.reserve.admit(Path(worker.record.cwd))
 
     def all(self, principal: Principal | None = None) -> list[SessionWorker]:
         """Newest first; only those `principal` may see, if given."""
@@ -320,6 +322,8 @@ class SessionRegistry:
     async def fork(self, source: SessionWorker, message_id: str, req: NewSessionRequest) -> SessionWorker:
         """ForkSession (sessions/forking.py): a new session whose conversation and files are the
         source's just before `message_id` (empty: as they are now)."""
+        if self._ctx.reserve is not None:
+            self._ctx.reserve.admit(Path(source.record.cwd))
         await source.admit_fork()
         return await self._forks.fork(source, message_id, req)
 

@@ -47,6 +47,7 @@ from agent_rewind.sessions.status import State
 from agent_rewind.sessions.turn_events import FilesAnswer
 from agent_rewind.sessions.turns import Prelude, Turn
 from agent_rewind.snapshots.taking import Snapshots, repository
+from agent_rewind.storage.reserve import Reserve
 from agent_rewind.storage.retention import Retention, RewindTrees, SessionRetention
 from agent_rewind.storage.usage import Places, UsageBook
 from agent_rewind.store.ledger import EgressRecord, Ledger, PointsUpdate, SessionRecord
@@ -98,6 +99,8 @@ class WorkerContext:
     replica_id: str = ""
     # What each session holds, and the storage limits (None: not measured, no limits).
     usage: UsageBook | None = None
+    # The storage reserve (storage/reserve.py): no turn or fork starts on a full volume.
+    reserve: Reserve | None = None
 
 
 class SessionWorker:

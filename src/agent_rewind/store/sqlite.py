@@ -284,6 +284,9 @@ class SqliteDialect(Dialect):
         self._writer = self._connect()
         self._reader = self._connect()
         self._write_lock = threading.Lock()
+        # Called when a write finds the volume full; True: space was freed, the write is retried
+        # once (the storage reserve's release, storage/reserve.py).
+        self.on_full: Callable[[], bool] = lambda: False
         try:
             self._migrate()
         except BaseException:
@@ -348,7 +351,13 @@ class SqliteDialect(Dialect):
 
         def locked() -> T:
             with self._write_lock:
-                return run()
+                try:
+                    return run()
+                except sqlite3.OperationalError as err:
+                    # The volume is full: once more in the space the storage reserve frees.
+                    if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_FULL or not self.on_full():
+                        raise
+                    return run()
 
         # Without its fsync a write costs tens of microseconds, less than a thread's round trip:
         # on the loop, unless another write holds the lock, here or (no busy wait) elsewhere.
@@ -356,6 +365,8 @@ class SqliteDialect(Dialect):
             try:
                 return run(wait=False)
             except sqlite3.OperationalError as err:
+                if err.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL and self.on_full():
+                    return run(wait=False)
                 if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # BEGIN found the file locked
                     raise
             finally:

@@ -75,6 +75,8 @@ class ServerProcess:
             "--state-dir",
             str(self.state_dir),
             *(() if "--model" in self.args else ("--model", "offline")),
+            # No 64 MiB reserve file in every test's state dir, unless a test asks for one.
+            *(() if "--storage-reserve" in self.args else ("--storage-reserve", "0")),
             "--log-format",
             "json",
             "--idle-timeout",
