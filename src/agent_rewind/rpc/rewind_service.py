@@ -145,7 +145,6 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
         if worker is not None:
             head = await worker.points.current_head()
             checkpointing = worker.record.checkpointing
-            snapshots = await worker.snapshot_availability()
             pruned_before = await worker.retention.pruned_before()
         else:
             record = await self._stored(session_id, principal)
@@ -162,7 +161,6 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
                 raise Elsewhere(owner)
             head = found_head
             checkpointing = record.checkpointing
-            snapshots = await self._registry.stored_snapshot_availability(record)
             usage = await ledger.usage(session_id)  # as the owner's retention marked it
             pruned_before = usage.files_pruned_before if usage is not None else None
         page = self._pages.points(session_id, start, size, head)
@@ -172,6 +170,12 @@ class RewindServicer(rewind_service_pb2_grpc.RewindServiceServicer):
                 raise SessionNotFound(session_id)
             head, page = found
             self._pages.put(session_id, start, size, head, page)
+        # The page's own points only: what a page reads does not grow with the session.
+        refs = [p.message_id for p in page]
+        if worker is not None:
+            snapshots = await worker.snapshot_availability(refs)
+        else:
+            snapshots = await self._registry.stored_snapshot_availability(record, refs)
         key = (
             checkpointing,
             head.holds_newest,

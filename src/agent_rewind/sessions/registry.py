@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -169,13 +169,15 @@ class SessionRegistry:
             raise SessionNotFound(session_id)
         return record
 
-    async def stored_snapshot_availability(self, record: SessionRecord) -> Mapping[str, bool]:
+    async def stored_snapshot_availability(
+        self, record: SessionRecord, refs: Sequence[str]
+    ) -> Mapping[str, bool]:
         """What `SessionWorker.snapshot_availability` answers on the session's owner, from the
         ledger (the snapshots' order and completeness are all it reads)."""
         snaps = self._ctx.snapshots
         if snaps is None or not record.workspace_snapshots:
             return {}
-        return snaps.available(await self._ledger.snapshots(record.session_id))
+        return await self._ledger.snapshots_served(record.session_id, refs)
 
     @property
     def ledger(self) -> Ledger:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -438,13 +438,13 @@ class SessionWorker:
             return 0
         return await snaps.disk_bytes(self.session_id)
 
-    async def snapshot_availability(self) -> Mapping[str, bool]:
-        """Per prompt id whose turn started with a snapshot: whether snapshots can serve a files
-        rewind to it. The same object while nothing changed (callers may cache on it)."""
+    async def snapshot_availability(self, refs: Sequence[str]) -> Mapping[str, bool]:
+        """Per prompt id of `refs` whose turn started with a snapshot: whether snapshots can serve
+        a files rewind to it."""
         snaps = self._ctx.snapshots
         if snaps is None or not self.record.workspace_snapshots:
             return _NO_SNAPSHOTS
-        return await snaps.availability(self.session_id)
+        return await snaps.availability_of(self.session_id, refs)
 
     # Lifecycle (lifecycle.py)
 

@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import shutil
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -271,6 +271,15 @@ class Snapshots:
         self._available[session_id] = (records, len(records), found)
         return found
 
+    async def availability_of(self, session_id: str, refs: Sequence[str]) -> dict[str, bool]:
+        """`availability` of some prompts only (a page of points): from the records when they are
+        in memory, else read for those prompts alone from the ledger (the first page after a
+        start costs what the page holds, not what the session does)."""
+        if session_id in self._records:
+            every = await self.availability(session_id)
+            return {ref: every[ref] for ref in refs if ref in every}
+        return await self._ledger.snapshots_served(session_id, refs)
+
     def available(self, records: list[SnapshotRecord]) -> dict[str, bool]:
         """Per prompt id whose turn started with a snapshot: whether a files rewind to it can be
         served from snapshots, that is its start snapshot and every later one are complete (a
@@ -301,11 +310,10 @@ class Snapshots:
         self._bytes.pop(session_id, None)
 
     async def disk_bytes(self, session_id: str) -> int:
-        """What the session's store holds on disk, as of its last recorded (or pruned) snapshot:
-        measured once per change of its records, so a page of sessions costs no walk of their
-        stores while nothing changed."""
-        records = await self.records(session_id)
-        key = (len(records), records[-1].seq if records else 0)
+        """What the session's store holds on disk, as of its last recorded (or collected)
+        snapshot: measured once per new record (or collection), so a page of sessions costs no
+        walk of their stores, nor a read of their records, while nothing changed."""
+        key = (await self._ledger.newest_snapshot(session_id), 0)
         cached = self._bytes.get(session_id)
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -294,6 +294,18 @@ class SnapshotOrder(Protocol):
         """The session's snapshots, in the order they were taken."""
         ...
 
+    async def newest_snapshot(self, session_id: str) -> int:
+        """The seq of the session's newest snapshot record (0: none). One index entry read."""
+        ...
+
+    async def snapshots_served(self, session_id: str, refs: Sequence[str]) -> dict[str, bool]:
+        """For each of `refs` (prompt ids) whose turn started with a snapshot: whether snapshots
+        can serve a files rewind to it (its newest start snapshot, and every later snapshot of
+        the session, complete). What `Snapshots.available` says of all records, for a page of
+        points only: it reads their start records and one index entry, whatever the session's
+        length."""
+        ...
+
     async def prune_snapshots(self, session_id: str, before_seq: int) -> int:
         """Marks the session's snapshots older than `before_seq` pruned (no tree, reason
         "pruned"): their trees may then be collected. How many."""

@@ -250,6 +250,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX session_storage_principal ON session_storage(principal);
     """,
+    # 10: a page of points reads its own start snapshots and the newest unusable one, never the
+    # session's whole history (store/sql/snapshot_order.py `snapshots_served`).
+    """
+    CREATE INDEX snapshots_ref ON snapshots(session_id, ref);
+    CREATE INDEX snapshots_unusable ON snapshots(session_id, seq) WHERE complete = false OR tree IS NULL;
+    """,
 )
 
 

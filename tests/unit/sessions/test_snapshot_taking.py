@@ -40,9 +40,10 @@ async def _snapshotted_session(ledger: FlakyLedger, tmp_path: Path, on: bool = T
 
 async def test_without_snapshots_on_the_server_a_session_has_none(make_worker: MakeWorker) -> None:
     worker, _ = await make_worker()
-    await collect(await within(worker.start_turn("hi")))
+    turn = await within(worker.start_turn("hi"))
+    await collect(turn)
     assert await worker.snapshot_bytes() == 0
-    assert await worker.snapshot_availability() == {}
+    assert await worker.snapshot_availability([turn.prompt_id]) == {}
 
 
 async def test_a_turn_of_a_session_with_snapshots_is_snapshotted(
@@ -52,7 +53,7 @@ async def test_a_turn_of_a_session_with_snapshots_is_snapshotted(
     worker, _ = await make_worker(session_id=sid, snapshots=snapshots)
     turn = await within(worker.start_turn("hi"))
     await collect(turn)
-    assert await worker.snapshot_availability() == {turn.prompt_id: True}
+    assert await worker.snapshot_availability([turn.prompt_id, "another"]) == {turn.prompt_id: True}
     assert await worker.snapshot_bytes() > 0
     assert [r.kind for r in await ledger.snapshots(sid)] == ["turn_start", "turn_end"]
 
@@ -62,8 +63,9 @@ async def test_a_session_with_snapshots_off_is_not_snapshotted_on_a_server_with_
 ) -> None:
     sid = await _snapshotted_session(ledger, tmp_path, on=False)
     worker, _ = await make_worker(session_id=sid, snapshots=snapshots)
-    await collect(await within(worker.start_turn("hi")))
-    assert await worker.snapshot_availability() == {}
+    turn = await within(worker.start_turn("hi"))
+    await collect(turn)
+    assert await worker.snapshot_availability([turn.prompt_id]) == {}
     assert await ledger.snapshots(sid) == []
 
 
@@ -77,6 +79,6 @@ async def test_snapshot_retention_keeps_the_newest_turns_snapshots(
     second = await within(worker.start_turn("two"))
     await collect(second)
     await within(worker.retention.settled())  # the pass after the turn, in the background
-    available = await worker.snapshot_availability()
+    available = await worker.snapshot_availability([first.prompt_id, second.prompt_id])
     assert available.get(second.prompt_id) is True
     assert available.get(first.prompt_id) is not True

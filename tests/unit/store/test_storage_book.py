@@ -52,3 +52,37 @@ async def test_a_measurement_that_ends_after_the_session_was_erased_records_noth
     await ledger.record_usage("never", "alice", 10, 1)
     assert await ledger.usage("s-1") is None and await ledger.usage("never") is None
     assert await ledger.principal_usage("alice") == 0
+
+
+async def test_a_page_s_snapshot_availability_read_alone_is_what_all_records_say(ledger: Ledger) -> None:
+    """`snapshots_served` (a page's points, from their own rows and one index entry) against
+    `Snapshots.available` (every record, in memory), on a history with incomplete and pruned
+    snapshots and a prompt snapshotted twice (a retried turn)."""
+    from agent_rewind.snapshots.taking import Snapshots
+    from agent_rewind.store.ledger import NewSnapshot
+
+    await _sessions(ledger, "s-1", "s-2")
+    plan = [
+        ("turn_start", "p1", "t", True),
+        ("turn_end", "p1", "t", True),
+        ("turn_start", "p2", "t", True),
+        ("turn_end", "p2", None, False),  # incomplete: p1 and p2 cannot be served
+        ("turn_start", "p3", "t", True),
+        ("turn_end", "p3", "t", True),
+        ("turn_start", "p4", None, False),  # its own start incomplete
+        ("turn_start", "p4", "t", True),  # retried: the newest start counts
+        ("turn_end", "p4", "t", True),
+        ("turn_start", "p5", "t", True),
+    ]
+    for kind, ref, tree, complete in plan:
+        await ledger.add_snapshot(NewSnapshot("s-1", kind, ref, tree, complete, ""))
+    await ledger.add_snapshot(NewSnapshot("s-2", "turn_start", "p1", None, False, ""))  # another session's
+    every = Snapshots.available(None, await ledger.snapshots("s-1"))  # type: ignore[arg-type]
+    refs = ["p1", "p2", "p3", "p4", "p5", "never"]
+    assert await ledger.snapshots_served("s-1", refs) == every
+    # (p3's later snapshots include p4's incomplete first start: a rewind to p3 would read it.)
+    assert every == {"p1": False, "p2": False, "p3": False, "p4": True, "p5": True}
+    assert await ledger.snapshots_served("s-1", ["p4"]) == {"p4": True}
+    assert await ledger.snapshots_served("s-1", []) == {}
+    assert await ledger.newest_snapshot("s-2") > await ledger.newest_snapshot("s-1") > 0
+    assert await ledger.newest_snapshot("none") == 0

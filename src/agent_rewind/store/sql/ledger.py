@@ -140,6 +140,8 @@ class SqlLedger:
     add_snapshot = _Via("_snapshots", SqlSnapshotOrder.add_snapshot)
     snapshots = _Via("_snapshots", SqlSnapshotOrder.snapshots)
     prune_snapshots = _Via("_snapshots", SqlSnapshotOrder.prune_snapshots)
+    newest_snapshot = _Via("_snapshots", SqlSnapshotOrder.newest_snapshot)
+    snapshots_served = _Via("_snapshots", SqlSnapshotOrder.snapshots_served)
 
     # StorageBook
     record_usage = _Via("_storage", SqlStorageBook.record_usage)
