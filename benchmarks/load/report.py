@@ -1,0 +1,260 @@
+"""The load's Markdown: one table per run (per RPC), its process figures, the scaling rows and
+their targets, the SDK anchor; and the block of docs/benchmarks.md it rewrites (`--update-docs`),
+between markers of its own, as benchmarks/docs.py does for `make bench`."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchmarks.common import Report, Target, fmt_kb, fmt_ratio, fmt_time, ratio_target
+from benchmarks.docs import DOC
+from benchmarks.load.analysis import FAULTS
+
+BEGIN = "<!-- load:results:begin -->"
+END = "<!-- load:results:end -->"
+MAX_GROWTH = 1.5  # issue 41, item 3: CPU per call and the no-CLI p99, 1,000 sessions over 50
+
+
+def _errors(errors: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in errors.items()) or "-"
+
+
+def _trend(row: Mapping[str, Any]) -> str:
+    early, late = row["p50_first_third"], row["p50_last_third"]
+    if math.isnan(early) or math.isnan(late):
+        return "-"
+    return f"{fmt_time(early)} → {fmt_time(late)}"
+
+
+def _title(a: Mapping[str, Any]) -> str:
+    o = a["options"]
+    where = "one server" if o["replicas"] == 1 else f"{o['replicas']} replicas on PostgreSQL"
+    return (
+        f"{o['sessions']:,} sessions of {o['principals']} principals, {where}, --max-live-sessions "
+        f"{o['max_live']}, {o['watchers']} watchers, {a['window_s']:.0f} s"
+    )
+
+
+def run_report(a: Mapping[str, Any], title: str = "") -> Report:
+    report = Report(
+        title or _title(a),
+        ["RPC", "calls", "calls/s", "p50", "p99", "errors (status/reason)", "p50 first → last third"],
+    )
+    for rpc, row in a["rpcs"].items():
+        report.rows.append(
+            [
+                rpc,
+                f"{row['calls']:,}",
+                f"{row['calls_per_s']:.1f}",
+                fmt_time(row["p50"]),
+                fmt_time(row["p99"]),
+                _errors(row["errors"]),
+                _trend(row),
+            ]
+        )
+        for mode, sub in row.get("by_mode", {}).items():
+            report.rows.append(
+                [
+                    f"  {mode}",
+                    f"{sub['calls']:,}",
+                    f"{sub['calls_per_s']:.1f}",
+                    fmt_time(sub["p50"]),
+                    fmt_time(sub["p99"]),
+                    _errors(sub["errors"]),
+                    _trend(sub),
+                ]
+            )
+    report.rows.append(
+        [
+            "all",
+            f"{a['calls']:,}",
+            f"{a['calls_per_s']:.1f}",
+            "",
+            "",
+            _errors(a["errors"]),
+            "",
+        ]
+    )
+    cli, cpu, server, ev, nc = a["cli"], a["cpu"], a["server"], a["events"], a["no_cli"]
+    c = a["consistency"]
+    report.targets = [
+        Target(
+            "the consistency check: every session's points, last message and files as its model says",
+            c["passed"],
+            f"{c['violations']} violations; checked {_counts(c['checked'])}; events: {ev['missing']} missing, "
+            f"{ev['duplicates']} duplicated, {ev['out_of_order']} out of order",
+        ),
+        Target(
+            f"no {' or '.join(FAULTS)}",
+            a["faults"] == 0 and a["faults_metrics"] == 0,
+            f"{a['faults']} answered to the clients, {a['faults_metrics']:.0f} counted by the servers",
+        ),
+        Target(
+            "CLI processes alive at most the bound",
+            cli["peak_alive"] <= cli["bound"],
+            f"peak {cli['peak_alive']} (sampled each second), bound {cli['bound']}",
+        ),
+    ]
+    report.infos = [
+        f"calls answered OK: {a['ok']:,}, {a['ok_per_s']:.1f}/s; LIVE_SESSIONS_EXHAUSTED (back-pressure, "
+        f"retried with backoff): {a['backpressure']:,}; a Prompt from its first attempt to its answer: "
+        f"p50 {fmt_time(a['prompt_wait']['p50'])}, p99 {fmt_time(a['prompt_wait']['p99'])}",
+        f"CPU per call answered: {fmt_time(cpu['server_per_call_s'])} of the server processes' own "
+        f"({cpu['server_s']:.1f} s over the window); CLI processes that exited in it {cpu['exited_clis_s']:.1f} s; "
+        f"the client processes {cpu['clients_s']:.1f} s",
+        f"CLI processes started: {cli['starts']:.0f}, {cli['starts_per_min']:.1f}/min; by RPC "
+        f"{_counts(cli['starts_by_rpc'])}; a start took p50 {cli['start_ms']['p50']:.0f} ms, "
+        f"p99 {cli['start_ms']['p99']:.0f} ms",
+        f"calls that start no CLI (ListRewindPoints, GetSession, DryRun with no CLI start of its session, "
+        f"{nc['dry_runs_without_cli']:,} of {nc['dry_runs']:,}): {nc['calls']:,}, p50 {fmt_time(nc['p50'])}, "
+        f"p99 {fmt_time(nc['p99'])}; the floor, a GetCapabilities four times a second: p50 "
+        f"{fmt_time(a['floor']['p50'])}, p99 {fmt_time(a['floor']['p99'])}; the machine's CPU busy "
+        f"{a['machine_busy']:.0%} of the window",
+        f"peak resident memory: the server processes {fmt_kb(server['peak_rss_kb'])} (VmHWM "
+        f"{fmt_kb(server['hwm_kb'])}), every CLI process at once {fmt_kb(cli['peak_rss_kb'])} "
+        f"({cli['peak_alive']} alive at most)",
+        f"watchers: {ev['watchers']}, {ev['events_made']:,} events made, {ev['receipts']:,} receipts, from the "
+        f"call's return to receipt p50 {fmt_time(ev['lag_p50'])}, p99 {fmt_time(ev['lag_p99'])}; "
+        f"stream errors {_counts(ev['stream_errors'])}",
+        f"left after the run (3 s after the checks): CLI processes {server['settled']['cli_alive']}, slots held "
+        f"{server['settled']['slots_held']:.0f}, watchers {server['settled']['watchers']:.0f}; server RSS "
+        f"{_span(server['rss_kb'], fmt_kb)}, open files {_span(server['open_files'], str)}, threads "
+        f"{_span(server['threads'], str)} (window start → end → settled)",
+    ]
+    report.seconds = a["window_s"]
+    report.notes = [
+        f"set-up (untimed): {a['sessions_made']:,} sessions made in all, {a['setup_s']:.0f} s to create the "
+        f"first {a['options']['sessions']:,} with {a['options']['warmup_turns']} turns each",
+    ]
+    return report
+
+
+def _counts(counts: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in counts.items()) or "-"
+
+
+def _span(values: Mapping[str, Any], fmt: Any) -> str:
+    return f"{fmt(values['before'])} → {fmt(values['after'])} → {fmt(values['settled'])}"
+
+
+def scaling_report(runs: Sequence[Mapping[str, Any]], anchor: Mapping[str, Any] | None) -> Report:
+    report = Report(
+        "Scaling: the same mix at each number of sessions",
+        [
+            "sessions",
+            "calls/s answered",
+            "CPU per call",
+            "no-CLI calls p99",
+            "Prompt p50 / p99",
+            "CLI starts/min",
+            "LIVE_SESSIONS_EXHAUSTED",
+            "INTERNAL / UNKNOWN",
+            "consistent",
+        ],
+    )
+    for a in runs:
+        prompt = a["rpcs"].get("Prompt", {})
+        report.rows.append(
+            [
+                f"{a['options']['sessions']:,}",
+                f"{a['ok_per_s']:.1f}",
+                fmt_time(a["cpu"]["server_per_call_s"]),
+                fmt_time(a["no_cli"]["p99"]),
+                f"{fmt_time(prompt.get('p50', math.nan))} / {fmt_time(prompt.get('p99', math.nan))}",
+                f"{a['cli']['starts_per_min']:.0f}",
+                f"{a['backpressure']:,}",
+                f"{a['faults']}",
+                "yes" if a["consistency"]["passed"] else "NO",
+            ]
+        )
+    if anchor is not None:
+        for row in anchor["rows"]:
+            report.rows.append(
+                [
+                    f"SDK: {row['title']}",
+                    f"{row['per_s']:.1f} prompts",
+                    fmt_time(row["cpu_per_prompt_s"]),
+                    "",
+                    f"{fmt_time(row['p50'])} / {fmt_time(row['p99'])}",
+                    f"{row['starts_per_min']:.0f}",
+                    "",
+                    f"{row['errors']}",
+                    "",
+                ]
+            )
+    small, large = runs[0], runs[-1]
+    n0, n1 = small["options"]["sessions"], large["options"]["sessions"]
+    report.targets = [
+        ratio_target(
+            f"CPU per call, {n1:,} sessions / {n0:,}",
+            large["cpu"]["server_per_call_s"],
+            small["cpu"]["server_per_call_s"],
+            at_most=MAX_GROWTH,
+        ),
+        ratio_target(
+            f"p99 of the calls that start no CLI, {n1:,} sessions / {n0:,}",
+            large["no_cli"]["p99"],
+            small["no_cli"]["p99"],
+            at_most=MAX_GROWTH,
+        ),
+        Target(
+            "no INTERNAL or UNKNOWN at any size",
+            all(a["faults"] == 0 and a["faults_metrics"] == 0 for a in runs),
+            ", ".join(f"{a['options']['sessions']:,}: {a['faults']}" for a in runs),
+        ),
+        Target(
+            "the consistency check passed at every size",
+            all(a["consistency"]["passed"] for a in runs),
+            ", ".join(
+                f"{a['options']['sessions']:,}: {a['consistency']['violations']} violations" for a in runs
+            ),
+        ),
+    ]
+    if anchor is not None:
+        sdk = {row["key"]: row for row in anchor["rows"]}
+        live = sdk.get("resumed")
+        if live is not None:
+            report.infos.append(
+                f"Prompt p50, the service at {n0:,} sessions / the SDK resuming a session per prompt at the same "
+                f"{anchor['clients']} live clients: {fmt_time(small['rpcs']['Prompt']['p50'])} / "
+                f"{fmt_time(live['p50'])} = {fmt_ratio(small['rpcs']['Prompt']['p50'] / live['p50'])}"
+            )
+        report.notes += anchor.get("notes", [])
+    report.notes += [
+        "CPU per call: the server processes' own user + system time over the window, over the calls answered OK "
+        "(the back-pressure refusals, cheap, are not counted as calls, so more of them does not flatter a size)",
+        "no-CLI calls: ListRewindPoints, GetSession, and each DryRun during which no CLI process of its session "
+        "started (the servers' logs)",
+    ]
+    return report
+
+
+def block(reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> str:
+    args = shlex.join(a for a in sys.argv[1:] if a != "--update-docs")
+    command = f'make load ARGS="{args}"' if args else "make load"
+    out = [
+        BEGIN,
+        '<!-- Generated from one run by `make load ARGS="--update-docs"`: do not edit by hand. -->',
+        "",
+        f"`{command}`, {facts.get('date', '?')}: **{summary}**.",
+        "",
+        *(f"- {key}: {value}" for key, value in facts.items() if key != "date"),
+        "",
+    ]
+    for report in reports:
+        out += [report.render(level=3), ""]
+    out.append(END)
+    return "\n".join(out)
+
+
+def update_docs(reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> None:
+    """Replaces the load's block of docs/benchmarks.md with this run's."""
+    text = DOC.read_text()
+    begin, end = text.find(BEGIN), text.find(END)
+    if begin < 0 or end < begin:
+        raise RuntimeError(f"{DOC} lacks the markers {BEGIN} ... {END}")
+    DOC.write_text(text[:begin] + block(reports, facts, summary) + text[end + len(END) :])
