@@ -15,6 +15,7 @@ from pathlib import Path
 from benchmarks import (
     confinement,
     events,
+    grown,
     memory,
     overhead,
     points,
@@ -40,6 +41,7 @@ BENCHMARKS = (
     "webhooks",
     "confinement",
     "storage",
+    "grown",
 )
 
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "sandbox": lambda: sandbox.run(work / "sandbox", quick=args.quick),
         "confinement": lambda: confinement.run(work / "confinement", quick=args.quick),
         "storage": lambda: storage.run(work / "storage", quick=args.quick),
+        "grown": lambda: grown.run(work / "grown", quick=args.quick),
         "webhooks": lambda: webhooks.run(
             work / "webhooks", rounds=1 if args.quick else 3, rewinds=3 if args.quick else 20
         ),
