@@ -7,7 +7,7 @@ ARGS ?=
 RUNTIME := $(VENV)/.installed-runtime-$(shell cat pyproject.toml requirements/runtime.txt | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-dev-$(shell cat pyproject.toml requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint fmt proto docs demo bench soak fuzz attack mutants image-test compat lock clean system
+.PHONY: run test lint fmt proto docs demo bench load soak fuzz attack mutants image-test compat lock clean system
 
 $(RUNTIME): pyproject.toml requirements/runtime.txt
 	@PYTHON=$(PYTHON) sh scripts/install.sh runtime
@@ -71,6 +71,9 @@ compat: $(STAMP) system  ## the integration suite against the newest claude-agen
 
 mutants: $(STAMP) system  ## mutation testing of the modules where a silent bug costs most (about three hours; ARGS="--only NAME" for one group)
 	$(PY) scripts/mutants.py $(ARGS)
+
+load: $(STAMP) system  ## many tenants at once: 200 sessions of 20 principals, 50 watchers, a mix of every RPC, per-RPC rates and latencies, every session checked against a model (a few minutes; ARGS="--replicas 2", "--scaling")
+	$(PY) -m benchmarks.load $(ARGS)
 
 soak: $(STAMP) system  ## random prompts, rewinds, interrupts and server SIGKILLs against a model (a few minutes)
 	$(PY) scripts/soak.py $(ARGS)

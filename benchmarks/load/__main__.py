@@ -82,6 +82,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "--update-docs", action="store_true", help="rewrite the load's block of docs/benchmarks.md"
     )
     p.add_argument("--keep", action="store_true", help="keep the servers' state dirs")
+    p.add_argument(
+        "--cli-nice",
+        type=int,
+        default=None,
+        metavar="N",
+        help="an experiment: renice each CLI process to N as soon as it is seen (not what the service does)",
+    )
     return p.parse_args(argv)
 
 
@@ -116,6 +123,7 @@ async def _main(args: argparse.Namespace) -> int:
             recall=args.recall,
             seed=seed,
             keep=args.keep,
+            cli_nice=args.cli_nice,
         )
         raw = await runner.run(options, label=f"{sessions:,} sessions" if len(sizes) > 1 else "")
         if args.keep:

@@ -144,6 +144,59 @@ def _delta(after: Reading, before: Reading, name: str, contains: str = "") -> fl
     return summed(after.metrics, name, contains) - summed(before.metrics, name, contains)
 
 
+def _prompt_parts(calls: list[list[Any]], starts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a Prompt answered OK that started a CLI process spent its time, from the servers'
+    logs: before its CLI began to start (a live slot: the slots' lock, the eviction of the least
+    recently used session, waiting for its process to exit), the start itself, and the rest (the
+    turn)."""
+    by_session: dict[str, list[dict[str, Any]]] = {}
+    for s in starts:
+        by_session.setdefault(s["session"], []).append(s)
+    before, start, rest = [], [], []
+    for c in calls:
+        if c[RPC] != "Prompt" or c[CODE] != "OK":
+            continue
+        began, ended = c[BEGAN], c[BEGAN] + c[SECONDS]
+        mine = [s for s in by_session.get(c[SESSION], ()) if began <= s["at"] <= ended]
+        if mine:
+            s = mine[0]
+            before.append(s["at"] - s["ms"] / 1000 - began)
+            start.append(s["ms"] / 1000)
+            rest.append(ended - s["at"])
+    return {
+        "with_cli_start": len(before),
+        "before_start": _latency(before),
+        "start": _latency(start),
+        "after_start": _latency(rest),
+    }
+
+
+def _timeline(raw: Raw, every: float = 10.0) -> list[dict[str, float]]:
+    """The servers every `every` seconds of the window: resident memory (MB), open files, CLI
+    processes alive, live slots held, sessions (every state), and the CPU the servers and their
+    event loops used since the last point."""
+    out: list[dict[str, float]] = []
+    last: Reading | None = None
+    start = raw.before.at
+    for r in [raw.before, *raw.readings]:
+        if last is not None and r.at - last.at < every:
+            continue
+        out.append(
+            {
+                "s": round(r.at - start, 1),
+                "rss_mb": round(r.rss_kb / 1024, 1),
+                "open_files": r.open_files,
+                "cli_alive": r.cli_count,
+                "slots_held": summed(r.metrics, "agent_rewind_live_processes"),
+                "sessions": summed(r.metrics, "agent_rewind_sessions"),
+                "cpu_s": round(r.cpu_s - last.cpu_s, 2) if last is not None else 0.0,
+                "loop_waited_s": round(r.loop_waited_s - last.loop_waited_s, 2) if last is not None else 0.0,
+            }
+        )
+        last = r
+    return out
+
+
 def _busy(before: Reading, after: Reading) -> float:
     """The share of the machine's CPU time that was busy between two readings."""
     busy, total = (
@@ -214,6 +267,7 @@ def analyze(raw: Raw) -> dict[str, Any]:
         + _delta(raw.after, raw.before, "agent_rewind_rpcs_total", 'code="UNKNOWN"'),
         "backpressure": sum(1 for c in calls if c[REASON] == BACKPRESSURE),
         "prompt_wait": _latency(waits),  # first attempt to answer, back-pressure retries included
+        "prompt_parts": _prompt_parts(calls, starts),
         "no_cli": {
             "calls": len(no_cli),
             **_latency([c[SECONDS] for c in no_cli]),
@@ -248,6 +302,15 @@ def analyze(raw: Raw) -> dict[str, Any]:
                 "after": raw.after.open_files,
                 "settled": raw.settled.open_files,
             },
+            "open_files_grown": {
+                k: n - raw.fds_before.get(k, 0)
+                for k, n in raw.fds_settled.items()
+                if n != raw.fds_before.get(k, 0)
+            },
+            "event_loop": {
+                "ran_s": raw.after.loop_ran_s - raw.before.loop_ran_s,
+                "waited_for_cpu_s": raw.after.loop_waited_s - raw.before.loop_waited_s,
+            },
             "threads": {
                 "before": raw.before.threads,
                 "after": raw.after.threads,
@@ -261,6 +324,7 @@ def analyze(raw: Raw) -> dict[str, Any]:
             },
         },
         "events": events,
+        "timeline": _timeline(raw),
         "consistency": {
             "passed": consistent,
             "violations": len(violations),

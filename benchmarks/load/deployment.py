@@ -14,6 +14,7 @@ held, sessions by state, watchers, RPCs by status).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -62,6 +63,41 @@ def machine_ticks() -> tuple[int, int]:
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
     total = sum(values[:8])  # guest time is already counted in user
     return total - idle, total
+
+
+def main_thread_sched(pid: int) -> tuple[float, float]:
+    """Seconds the process's main thread (its event loop) ran on a CPU, and waited on a run
+    queue for one (/proc/PID/task/PID/schedstat)."""
+    try:
+        ran, waited, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """The process's open files by kind: sockets, pipes, inotify, eventpoll, ..., and files by
+    where they are (under /tmp, down to a directory of the server's state dir)."""
+    out: dict[str, int] = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/"):
+            parts = Path(target).parts[1:]
+            # Under a temporary directory: the run's dir, the server's state dir, and one more.
+            kind = "/" + "/".join(parts[:5] if parts[:1] == ("tmp",) else parts[:2])
+        elif target.startswith("anon_inode:"):
+            kind = target.strip("[]").replace("[", "")
+        else:
+            kind = target.split(":")[0]  # socket, pipe
+        out[kind] = out.get(kind, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def open_files(pid: int) -> int:
@@ -150,6 +186,22 @@ def summed(samples: list[dict[str, float]], prefix: str, contains: str = "") -> 
     return sum(v for s in samples for k, v in s.items() if k.split("{")[0] == prefix and contains in k)
 
 
+async def renice_clis(deployment: Deployment, nice: int, every: float = 0.2) -> None:
+    """An experiment, not the service's behaviour: gives every CLI process of the servers (and
+    what it starts from then on) the niceness `nice`, as soon as it is seen (within `every`)."""
+
+    def once() -> None:
+        for server in deployment.servers:
+            for process in cli_processes(config_dir=server.config_dir):
+                with contextlib.suppress(OSError):
+                    if os.getpriority(os.PRIO_PROCESS, process.pid) != nice:
+                        os.setpriority(os.PRIO_PROCESS, process.pid, nice)
+
+    while True:
+        await asyncio.to_thread(once)
+        await asyncio.sleep(every)
+
+
 @dataclass
 class Reading:
     """Every server at one instant."""
@@ -164,6 +216,8 @@ class Reading:
     threads: int
     metrics: list[dict[str, float]]
     machine_ticks: tuple[int, int]  # (busy, total) CPU ticks of the whole machine since boot
+    loop_ran_s: float  # the servers' main threads (event loops): on a CPU, summed
+    loop_waited_s: float  # and runnable but waiting for a CPU
 
 
 @dataclass
@@ -187,6 +241,8 @@ class Sampler:
             threads=sum(int(_status(pid).get("Threads", "0")) for pid in d.pids),
             metrics=[scrape(port) for port in d.metrics_ports],
             machine_ticks=machine_ticks(),
+            loop_ran_s=sum(main_thread_sched(pid)[0] for pid in d.pids),
+            loop_waited_s=sum(main_thread_sched(pid)[1] for pid in d.pids),
         )
 
     async def sample(self) -> Reading:

@@ -106,6 +106,9 @@ def run_report(a: Mapping[str, Any], title: str = "") -> Report:
         f"CPU per call answered: {fmt_time(cpu['server_per_call_s'])} of the server processes' own "
         f"({cpu['server_s']:.1f} s over the window); CLI processes that exited in it {cpu['exited_clis_s']:.1f} s; "
         f"the client processes {cpu['clients_s']:.1f} s",
+        _parts(a["prompt_parts"]),
+        f"the servers' event loops (main threads) over the window: ran {server['event_loop']['ran_s']:.1f} s, "
+        f"runnable but waiting for a CPU {server['event_loop']['waited_for_cpu_s']:.1f} s",
         f"CLI processes started: {cli['starts']:.0f}, {cli['starts_per_min']:.1f}/min; by RPC "
         f"{_counts(cli['starts_by_rpc'])}; a start took p50 {cli['start_ms']['p50']:.0f} ms, "
         f"p99 {cli['start_ms']['p99']:.0f} ms",
@@ -123,14 +126,30 @@ def run_report(a: Mapping[str, Any], title: str = "") -> Report:
         f"left after the run (3 s after the checks): CLI processes {server['settled']['cli_alive']}, slots held "
         f"{server['settled']['slots_held']:.0f}, watchers {server['settled']['watchers']:.0f}; server RSS "
         f"{_span(server['rss_kb'], fmt_kb)}, open files {_span(server['open_files'], str)}, threads "
-        f"{_span(server['threads'], str)} (window start → end → settled)",
+        f"{_span(server['threads'], str)} (window start → end → settled); open files grown by kind "
+        f"{_counts(server['open_files_grown'])}",
     ]
     report.seconds = a["window_s"]
-    report.notes = [
+    if a["options"].get("cli_nice") is not None:
+        report.notes.append(
+            f"EXPERIMENT: each CLI process was reniced to {a['options']['cli_nice']} as soon as the sampler saw it "
+            "(within 0.2 s of its start): not what the service does"
+        )
+    report.notes += [
         f"set-up (untimed): {a['sessions_made']:,} sessions made in all, {a['setup_s']:.0f} s to create the "
         f"first {a['options']['sessions']:,} with {a['options']['warmup_turns']} turns each",
     ]
     return report
+
+
+def _parts(parts: Mapping[str, Any]) -> str:
+    def both(key: str) -> str:
+        return f"p50 {fmt_time(parts[key]['p50'])}, p99 {fmt_time(parts[key]['p99'])}"
+
+    return (
+        f"a Prompt answered OK that started a CLI process ({parts['with_cli_start']:,}): before the start "
+        f"(a live slot) {both('before_start')}; the start {both('start')}; after it (the turn) {both('after_start')}"
+    )
 
 
 def _counts(counts: Mapping[str, Any]) -> str:

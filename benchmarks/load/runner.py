@@ -21,7 +21,15 @@ from typing import Any
 from tqdm import tqdm
 
 from agent_rewind.api.v1 import rewind_service_pb2
-from benchmarks.load.deployment import Deployment, Reading, Sampler, principals, summed
+from benchmarks.load.deployment import (
+    Deployment,
+    Reading,
+    Sampler,
+    fd_kinds,
+    principals,
+    renice_clis,
+    summed,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class Options:
     recall: int = 4  # sessions per client process asked `recall` at the end
     seed: int = 0
     timeout: float = 300.0  # seconds any one call may take
+    cli_nice: int | None = None  # an experiment: the CLI processes reniced to this as they appear
     keep: bool = False
 
 
@@ -59,6 +68,8 @@ class Raw:
     work: str
     progress: list[tuple[float, int, int]] = field(default_factory=list)  # (s, calls, errors)
     probe: list[float] = field(default_factory=list)  # GetCapabilities round trips over the window
+    fds_before: dict[str, int] = field(default_factory=dict)  # the servers' open files by kind
+    fds_settled: dict[str, int] = field(default_factory=dict)
 
 
 class _Client:
@@ -136,6 +147,24 @@ def _plans(o: Options, addresses: list[str], named: list[tuple[str, str]]) -> li
     return plans
 
 
+def _fds(deployment: Deployment) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pid in deployment.pids:
+        for kind, n in fd_kinds(pid).items():
+            out[kind] = out.get(kind, 0) + n
+    return out
+
+
+_said: dict[int, float] = {}
+
+
+def _plain(bar: tqdm, line: str, every: float = 15.0) -> None:
+    """Where no progress bar shows (not a terminal: a CI log), a line every `every` seconds."""
+    if bar.disable and time.monotonic() - _said.get(id(bar), 0.0) >= every:
+        _said[id(bar)] = time.monotonic()
+        print(line, file=sys.stderr, flush=True)
+
+
 async def _probe(deployment: Deployment, token: str, out: list[float]) -> None:
     """GetCapabilities to each server four times a second: what a call that does nothing costs
     at that moment (the servers' event loops and the machine's run queue), the floor under every
@@ -157,9 +186,12 @@ async def run(o: Options, label: str = "") -> Raw:
     deployment = Deployment(work, replicas=o.replicas, max_live=o.max_live, named=named)
     clients: list[_Client] = []
     sampler = Sampler(deployment)
+    renicer: asyncio.Task[None] | None = None
     tag = f"{label}: " if label else ""
     try:
         await deployment.start()
+        if o.cli_nice is not None:
+            renicer = asyncio.create_task(renice_clis(deployment, o.cli_nice))
         for plan in _plans(o, deployment.addresses, named):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -180,10 +212,12 @@ async def run(o: Options, label: str = "") -> Raw:
                         await c.wait_for(c.ready)
                 bar.n = sum(c.set_up for c in clients)
                 bar.refresh()
+                _plain(bar, f"{tag}{bar.n:,} of {o.sessions:,} sessions set up")
                 await asyncio.sleep(0.5)
             bar.n = o.sessions
         setup_s = time.monotonic() - started
         before = await sampler.sample()
+        fds_before = _fds(deployment)
         sampler.start()
         go_wall, go = time.time(), time.monotonic()
         for c in clients:
@@ -211,6 +245,10 @@ async def run(o: Options, label: str = "") -> Raw:
                     refresh=False,
                 )
                 bar.refresh()
+                _plain(
+                    bar,
+                    f"{tag}{elapsed:.0f} s: {calls:,} calls, {errors:,} refused, {last.cli_count} CLIs alive",
+                )
         window_s = time.monotonic() - go
         after = await sampler.stop()
         prober.cancel()
@@ -223,6 +261,7 @@ async def run(o: Options, label: str = "") -> Raw:
                 raise RuntimeError(f"a client process gave no result (exit code {c.proc.returncode})")
         await asyncio.sleep(3.0)  # processes let go of after the checks have exited
         settled = await sampler.sample()
+        fds_settled = _fds(deployment)
         return Raw(
             options=o,
             results=[c.result for c in clients if c.result is not None],
@@ -238,9 +277,14 @@ async def run(o: Options, label: str = "") -> Raw:
             work=str(work),
             progress=progress,
             probe=probe,
+            fds_before=fds_before,
+            fds_settled=fds_settled,
         )
     finally:
         await sampler.cancel()
+        if renicer is not None:
+            renicer.cancel()
+            await asyncio.gather(renicer, return_exceptions=True)
         for c in clients:
             if c.proc.returncode is None:
                 c.proc.kill()
