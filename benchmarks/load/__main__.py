@@ -142,7 +142,7 @@ async def _main(args: argparse.Namespace) -> int:
     if args.scaling:
         reports.append(scaling_report(runs, anchored))
         print(reports[-1].render(), flush=True)
-    elif anchored is not None:
+    if anchored is not None:
         reports.append(anchor.report(anchored))
         print(reports[-1].render(), flush=True)
     passed = all(r.passed for r in reports)
@@ -158,8 +158,8 @@ async def _main(args: argparse.Namespace) -> int:
     )
     print(f"load: {summary}, seed {seed}, {time.monotonic() - started:.0f} s; JSON report: {report_path}")
     if args.update_docs:
-        facts = {**facts, "seed": str(seed)}
-        update_docs(reports, facts, summary)
+        name = "scaling" if args.scaling else "replicas" if args.replicas > 1 else "one-server"
+        update_docs(name, reports, {**facts, "seed": str(seed)}, summary)
     return 0 if passed else 1
 
 

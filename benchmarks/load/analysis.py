@@ -278,7 +278,9 @@ def analyze(raw: Raw) -> dict[str, Any]:
         "machine_busy": _busy(raw.before, raw.after),
         "cpu": {
             "server_s": server_cpu,
-            "server_per_call_s": server_cpu / ok if ok else math.nan,
+            # Every call the servers answered, a back-pressure refusal too: each is work done.
+            "server_per_call_s": server_cpu / len(calls) if calls else math.nan,
+            "server_per_ok_s": server_cpu / ok if ok else math.nan,
             "exited_clis_s": raw.after.children_cpu_s - raw.before.children_cpu_s,
             "clients_s": sum(float(r["cpu_s"]) for r in raw.results),
         },

@@ -279,6 +279,7 @@ def report(anchored: dict[str, Any]) -> Report:
             ]
         )
     out.notes = list(anchored.get("notes", []))
+    out.seconds = anchored["seconds"] * len(anchored["rows"])
     return out
 
 

@@ -14,8 +14,14 @@ from benchmarks.common import Report, Target, fmt_kb, fmt_ratio, fmt_time, ratio
 from benchmarks.docs import DOC
 from benchmarks.load.analysis import FAULTS
 
-BEGIN = "<!-- load:results:begin -->"
-END = "<!-- load:results:end -->"
+# Each kind of run keeps a block of its own: one server, two replicas, the scaling rows.
+BLOCKS = ("one-server", "replicas", "scaling")
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- load:{name}:begin -->", f"<!-- load:{name}:end -->"
+
+
 MAX_GROWTH = 1.5  # issue 41, item 3: CPU per call and the no-CLI p99, 1,000 sessions over 50
 
 
@@ -103,8 +109,9 @@ def run_report(a: Mapping[str, Any], title: str = "") -> Report:
         f"calls answered OK: {a['ok']:,}, {a['ok_per_s']:.1f}/s; LIVE_SESSIONS_EXHAUSTED (back-pressure, "
         f"retried with backoff): {a['backpressure']:,}; a Prompt from its first attempt to its answer: "
         f"p50 {fmt_time(a['prompt_wait']['p50'])}, p99 {fmt_time(a['prompt_wait']['p99'])}",
-        f"CPU per call answered: {fmt_time(cpu['server_per_call_s'])} of the server processes' own "
-        f"({cpu['server_s']:.1f} s over the window); CLI processes that exited in it {cpu['exited_clis_s']:.1f} s; "
+        f"CPU per call: {fmt_time(cpu['server_per_call_s'])} of the server processes' own "
+        f"({cpu['server_s']:.1f} s over the window, over every call; per call answered OK "
+        f"{fmt_time(cpu['server_per_ok_s'])}); CLI processes that exited in it {cpu['exited_clis_s']:.1f} s; "
         f"the client processes {cpu['clients_s']:.1f} s",
         _parts(a["prompt_parts"]),
         f"the servers' event loops (main threads) over the window: ran {server['event_loop']['ran_s']:.1f} s, "
@@ -190,23 +197,9 @@ def scaling_report(runs: Sequence[Mapping[str, Any]], anchor: Mapping[str, Any] 
                 "yes" if a["consistency"]["passed"] else "NO",
             ]
         )
-    if anchor is not None:
-        for row in anchor["rows"]:
-            report.rows.append(
-                [
-                    f"SDK: {row['title']}",
-                    f"{row['per_s']:.1f} prompts",
-                    fmt_time(row["cpu_per_prompt_s"]),
-                    "",
-                    f"{fmt_time(row['p50'])} / {fmt_time(row['p99'])}",
-                    f"{row['starts_per_min']:.0f}",
-                    "",
-                    f"{row['errors']}",
-                    "",
-                ]
-            )
     small, large = runs[0], runs[-1]
     n0, n1 = small["options"]["sessions"], large["options"]["sessions"]
+    report.seconds = sum(a["window_s"] for a in runs)
     report.targets = [
         ratio_target(
             f"CPU per call, {n1:,} sessions / {n0:,}",
@@ -235,28 +228,37 @@ def scaling_report(runs: Sequence[Mapping[str, Any]], anchor: Mapping[str, Any] 
     ]
     if anchor is not None:
         sdk = {row["key"]: row for row in anchor["rows"]}
-        live = sdk.get("resumed")
-        if live is not None:
-            report.infos.append(
-                f"Prompt p50, the service at {n0:,} sessions / the SDK resuming a session per prompt at the same "
-                f"{anchor['clients']} live clients: {fmt_time(small['rpcs']['Prompt']['p50'])} / "
-                f"{fmt_time(live['p50'])} = {fmt_ratio(small['rpcs']['Prompt']['p50'] / live['p50'])}"
-            )
-        report.notes += anchor.get("notes", [])
+        for a in runs:
+            prompt = a["rpcs"].get("Prompt", {}).get("p50", math.nan)
+            for key, how in (("resumed", "resuming a session per prompt"), ("live", "kept live")):
+                if key in sdk:
+                    report.infos.append(
+                        f"Prompt p50 at {a['options']['sessions']:,} sessions, the service / the SDK {how} at the "
+                        f"same {anchor['clients']} clients at once: {fmt_time(prompt)} / {fmt_time(sdk[key]['p50'])} "
+                        f"= {fmt_ratio(prompt / sdk[key]['p50'])}"
+                    )
     report.notes += [
-        "CPU per call: the server processes' own user + system time over the window, over the calls answered OK "
-        "(the back-pressure refusals, cheap, are not counted as calls, so more of them does not flatter a size)",
+        "CPU per call: the server processes' own user + system time over the window, over every call they "
+        "answered (a back-pressure refusal is a call: it costs the servers a slot check, and more)",
         "no-CLI calls: ListRewindPoints, GetSession, and each DryRun during which no CLI process of its session "
         "started (the servers' logs)",
     ]
     return report
 
 
-def block(reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> str:
-    args = shlex.join(a for a in sys.argv[1:] if a != "--update-docs")
+def block(name: str, reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> str:
+    shown: list[str] = []
+    argv = iter(sys.argv[1:])
+    for arg in argv:  # what the run measured, not where it wrote its report
+        if arg == "--json":
+            next(argv, None)
+        elif arg != "--update-docs" and not arg.startswith("--json="):
+            shown.append(arg)
+    args = shlex.join(shown)
     command = f'make load ARGS="{args}"' if args else "make load"
+    begin, end = markers(name)
     out = [
-        BEGIN,
+        begin,
         '<!-- Generated from one run by `make load ARGS="--update-docs"`: do not edit by hand. -->',
         "",
         f"`{command}`, {facts.get('date', '?')}: **{summary}**.",
@@ -265,15 +267,16 @@ def block(reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> 
         "",
     ]
     for report in reports:
-        out += [report.render(level=3), ""]
-    out.append(END)
+        out += [report.render(level=5), ""]
+    out.append(end)
     return "\n".join(out)
 
 
-def update_docs(reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> None:
-    """Replaces the load's block of docs/benchmarks.md with this run's."""
+def update_docs(name: str, reports: Sequence[Report], facts: Mapping[str, str], summary: str) -> None:
+    """Replaces the block `name` of docs/benchmarks.md (one of BLOCKS) with this run's."""
+    begin_marker, end_marker = markers(name)
     text = DOC.read_text()
-    begin, end = text.find(BEGIN), text.find(END)
+    begin, end = text.find(begin_marker), text.find(end_marker)
     if begin < 0 or end < begin:
-        raise RuntimeError(f"{DOC} lacks the markers {BEGIN} ... {END}")
-    DOC.write_text(text[:begin] + block(reports, facts, summary) + text[end + len(END) :])
+        raise RuntimeError(f"{DOC} lacks the markers {begin_marker} ... {end_marker}")
+    DOC.write_text(text[:begin] + block(name, reports, facts, summary) + text[end + len(end_marker) :])
