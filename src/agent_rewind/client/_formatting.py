@@ -6,11 +6,12 @@ Pure functions from protobuf messages to strings, so they are tested without a s
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2
@@ -513,24 +514,36 @@ def format_watch_response(response: rewind_service_pb2.WatchRewindEventsResponse
     return "(a response this client does not know)"
 
 
+# Capabilities fields shown first, in this order (what runs, then what it serves); every other
+# field follows in the proto's order, so a field added to the message cannot be left out.
+_CAPABILITIES_FIRST = ("service_version", "sdk_version", "cli_version", "modes", "file_checkpoint_window")
+_CAPABILITIES_TEXT: dict[str, Callable[[Any], str]] = {
+    "modes": lambda modes: ", ".join(mode_name(m) for m in modes) or "-",
+    "file_checkpoint_window": lambda window: f"{window} most recent prompts",
+    "max_live_sessions": lambda count: str(count) if count else "-",
+}
+
+
+def _field_text(message: Message, field: FieldDescriptor) -> str:
+    """A field's value on one line: yes/no, `-` for an empty string or list, a message's own fields
+    as `name: value` pairs."""
+    value = getattr(message, field.name)
+    if field.name in _CAPABILITIES_TEXT:
+        return _CAPABILITIES_TEXT[field.name](value)
+    if field.message_type is not None and not field.is_repeated:
+        return " · ".join(f"{sub.name}: {_field_text(value, sub)}" for sub in field.message_type.fields)
+    if field.is_repeated:
+        return ", ".join(str(v) for v in value) or "-"
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        return yes_no(value)
+    return str(value) if value != "" else "-"
+
+
 def format_capabilities(caps: rewind_pb2.Capabilities) -> str:
-    modes = ", ".join(mode_name(m) for m in caps.modes) or "-"
-    return _key_values(
-        [
-            ("service_version", caps.service_version or "-"),
-            ("sdk_version", caps.sdk_version or "-"),
-            ("cli_version", caps.cli_version or "-"),
-            ("modes", modes),
-            ("file_checkpoint_window", f"{caps.file_checkpoint_window} most recent prompts"),
-            ("dry_run", yes_no(caps.dry_run)),
-            ("events", yes_no(caps.events)),
-            ("model_backend", caps.model_backend or "-"),
-            ("max_live_sessions", str(caps.max_live_sessions) if caps.max_live_sessions else "-"),
-            ("workspace_snapshots", yes_no(caps.workspace_snapshots)),
-            ("authentication", yes_no(caps.authentication)),
-            ("undo_rewind", yes_no(caps.undo_rewind)),
-            ("prompt_rewind", yes_no(caps.prompt_rewind)),
-            ("fork_session", yes_no(caps.fork_session)),
-            ("delete_session", yes_no(caps.delete_session)),
-        ]
-    )
+    """Every field of the message, one line each (a message field's own fields on its line)."""
+    fields = caps.DESCRIPTOR.fields_by_name
+    names = [
+        *_CAPABILITIES_FIRST,
+        *(f.name for f in caps.DESCRIPTOR.fields if f.name not in _CAPABILITIES_FIRST),
+    ]
+    return _key_values([(name, _field_text(caps, fields[name])) for name in names])

@@ -662,6 +662,13 @@ def test_capabilities_block() -> None:
         authentication=True,
         undo_rewind=True,
         fork_session=True,
+        replicas=2,
+        sandbox=rewind_pb2.SandboxCapability(
+            enabled=True,
+            allowed_hosts=["*.pypi.org", "github.com:443"],
+            cli_confinement="landlock",
+            landlock_abi=4,
+        ),
     )
     assert format_capabilities(caps).splitlines() == [
         "service_version         0.1.0",
@@ -671,15 +678,30 @@ def test_capabilities_block() -> None:
         "file_checkpoint_window  100 most recent prompts",
         "dry_run                 yes",
         "events                  no",
+        "replicas                2",
         "model_backend           offline",
         "max_live_sessions       14",
         "workspace_snapshots     yes",
         "authentication          yes",
         "undo_rewind             yes",
-        "prompt_rewind           no",
         "fork_session            yes",
         "delete_session          no",
+        "prompt_rewind           no",
+        "sandbox                 enabled: yes · allowed_hosts: *.pypi.org, github.com:443 · "
+        "cli_confinement: landlock · landlock_abi: 4",
     ]
+
+
+def test_capabilities_show_every_field_of_the_message_and_of_its_messages() -> None:
+    """Read from the proto's descriptor: a field added to Capabilities cannot be left out."""
+    shown = format_capabilities(rewind_pb2.Capabilities()).splitlines()
+    keys = [line.split()[0] for line in shown]
+    assert sorted(keys) == sorted(f.name for f in rewind_pb2.Capabilities.DESCRIPTOR.fields)
+    for field in rewind_pb2.Capabilities.DESCRIPTOR.fields:
+        if field.message_type is not None:
+            line = next(line for line in shown if line.split()[0] == field.name)
+            for sub in field.message_type.fields:
+                assert f"{sub.name}: " in line, f"{field.name}.{sub.name} is not shown"
 
 
 def test_json_uses_proto_field_names_and_shows_defaults() -> None:
