@@ -111,8 +111,7 @@ def _undo(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         if conversation
         else rewind_pb2.REWIND_MODE_FILES
     )
-    text = format_rewind_result(result, mode, dry_run=args.dry_run)
-    print_line(out, text.replace("rewind_id        ", "undid            ", 1) if not args.dry_run else text)
+    print_line(out, format_rewind_result(result, mode, dry_run=args.dry_run, undo=True))
     return 0
 
 

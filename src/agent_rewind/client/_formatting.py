@@ -395,11 +395,13 @@ def format_rewind_result(
     dry_run: bool,
     scope: rewind_pb2.RewindScope.ValueType = rewind_pb2.REWIND_SCOPE_UNSPECIFIED,
     paths: Sequence[str] = (),
+    undo: bool = False,
 ) -> str:
     """Both halves of a DryRun or Rewind result (for files: what serves them, and the paths also
     changed outside the agent, or for a revert changed since the turn), then the rewind id, the
     newest message id and any diffs. `scope` and `paths` are the request's: a line each comes
-    first when they narrow it (the result does not carry them)."""
+    first when they narrow it (the result does not carry them). `undo`: the result of an
+    UndoRewind, whose rewind_id names the rewind undone."""
     want_files, want_conversation = _wants(mode)
     revert = scope == rewind_pb2.REWIND_SCOPE_TURN
     pad = " " * 17
@@ -437,12 +439,23 @@ def format_rewind_result(
 
     lines.extend(_side_effect_lines(result.side_effects, pad))
 
-    rewind_id = result.rewind_id or ("- (dry run: nothing was applied)" if dry_run else "-")
-    lines.append(f"{'rewind_id':<17}{rewind_id}")
+    lines.append(_rewind_id_line(result.rewind_id, dry_run=dry_run, undo=undo))
     lines.append(f"{'last_message_id':<17}{result.last_message_id or '-'}")
     # Last, so that the summary stays together however long the diffs are.
     lines.extend(_diff_lines(files, pad))
     return "\n".join(lines)
+
+
+# What every preview says in place of the id of what it would have done (rewind and undo alike).
+DRY_RUN_NOTE = "(dry run: nothing was applied)"
+
+
+def _rewind_id_line(rewind_id: str, *, dry_run: bool, undo: bool) -> str:
+    """`rewind_id` of a rewind; for an undo, `undid` (or, previewed, `would undo`) the rewind it names."""
+    if undo:
+        key = "would undo" if dry_run else "undid"
+        return f"{key:<17}{rewind_id or '-'}" + (f" {DRY_RUN_NOTE}" if dry_run else "")
+    return f"{'rewind_id':<17}{rewind_id or ('- ' + DRY_RUN_NOTE if dry_run else '-')}"
 
 
 def _side_effect_lines(effects: Sequence[rewind_pb2.SideEffect], pad: str) -> list[str]:

@@ -938,6 +938,19 @@ def test_undo_sends_the_rewind_and_prints_what_it_put_back(
     assert "rewound: no" in capsys.readouterr().out
 
 
+def test_undo_and_rewind_dry_runs_say_alike_that_nothing_was_applied(
+    server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _, _ = server
+    assert main(["--server", address, "undo", SID, "r-1", "--dry-run"]) == 0
+    undo = capsys.readouterr().out.splitlines()
+    assert main(["--server", address, "rewind", SID, "p0", "--mode", "files", "--dry-run"]) == 0
+    rewind = capsys.readouterr().out.splitlines()
+    assert "would undo       r-1 (dry run: nothing was applied)" in undo
+    assert not any(line.startswith(("rewind_id", "undid")) for line in undo), "no id of an applied change"
+    assert "rewind_id        - (dry run: nothing was applied)" in rewind
+
+
 def test_session_fork_sends_the_point_and_prints_the_new_session(
     server: tuple[str, Sessions, Rewinds], capsys: pytest.CaptureFixture[str]
 ) -> None:
