@@ -87,7 +87,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="an experiment: renice each CLI process to N as soon as it is seen (not what the service does)",
+        help="the servers' --cli-nice (default: theirs, 10); 0 to see the load without it",
     )
     return p.parse_args(argv)
 

@@ -14,7 +14,6 @@ held, sessions by state, watchers, RPCs by status).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -110,8 +109,17 @@ def open_files(pid: int) -> int:
 class Deployment:
     """One server, or `replicas` of them on PostgreSQL."""
 
-    def __init__(self, work: Path, *, replicas: int, max_live: int, named: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        work: Path,
+        *,
+        replicas: int,
+        max_live: int,
+        named: list[tuple[str, str]],
+        cli_nice: int | None = None,
+    ) -> None:
         self.work = work
+        self.cli_nice = cli_nice
         self.replicas = replicas
         self.max_live = max_live
         self.named = named
@@ -123,6 +131,8 @@ class Deployment:
         access = access_file(self.work / "access.json", self.named)
         common = ["--access-file", str(access), "--max-live-sessions", str(self.max_live)]
         common += ["--metrics-listen", "127.0.0.1:0"]
+        if self.cli_nice is not None:
+            common += ["--cli-nice", str(self.cli_nice)]
         if self.replicas == 1:
             self.servers = [ServerProcess(self.work / "state", args=common)]
         else:
@@ -184,22 +194,6 @@ def scrape(port: int) -> dict[str, float]:
 def summed(samples: list[dict[str, float]], prefix: str, contains: str = "") -> float:
     """The sum over servers of every series named `prefix` (whose labels hold `contains`)."""
     return sum(v for s in samples for k, v in s.items() if k.split("{")[0] == prefix and contains in k)
-
-
-async def renice_clis(deployment: Deployment, nice: int, every: float = 0.2) -> None:
-    """An experiment, not the service's behaviour: gives every CLI process of the servers (and
-    what it starts from then on) the niceness `nice`, as soon as it is seen (within `every`)."""
-
-    def once() -> None:
-        for server in deployment.servers:
-            for process in cli_processes(config_dir=server.config_dir):
-                with contextlib.suppress(OSError):
-                    if os.getpriority(os.PRIO_PROCESS, process.pid) != nice:
-                        os.setpriority(os.PRIO_PROCESS, process.pid, nice)
-
-    while True:
-        await asyncio.to_thread(once)
-        await asyncio.sleep(every)
 
 
 @dataclass

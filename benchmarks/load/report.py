@@ -139,8 +139,7 @@ def run_report(a: Mapping[str, Any], title: str = "") -> Report:
     report.seconds = a["window_s"]
     if a["options"].get("cli_nice") is not None:
         report.notes.append(
-            f"EXPERIMENT: each CLI process was reniced to {a['options']['cli_nice']} as soon as the sampler saw it "
-            "(within 0.2 s of its start): not what the service does"
+            f"the servers ran with --cli-nice {a['options']['cli_nice']} (their default is 10)"
         )
     report.notes += [
         f"set-up (untimed): {a['sessions_made']:,} sessions made in all, {a['setup_s']:.0f} s to create the "

@@ -27,7 +27,6 @@ from benchmarks.load.deployment import (
     Sampler,
     fd_kinds,
     principals,
-    renice_clis,
     summed,
 )
 
@@ -46,7 +45,7 @@ class Options:
     recall: int = 4  # sessions per client process asked `recall` at the end
     seed: int = 0
     timeout: float = 300.0  # seconds any one call may take
-    cli_nice: int | None = None  # an experiment: the CLI processes reniced to this as they appear
+    cli_nice: int | None = None  # the servers' --cli-nice (None: their default)
     keep: bool = False
 
 
@@ -183,15 +182,12 @@ async def _probe(deployment: Deployment, token: str, out: list[float]) -> None:
 async def run(o: Options, label: str = "") -> Raw:
     work = Path(tempfile.mkdtemp(prefix="agent-rewind-load-"))
     named = principals(o.principals)
-    deployment = Deployment(work, replicas=o.replicas, max_live=o.max_live, named=named)
+    deployment = Deployment(work, replicas=o.replicas, max_live=o.max_live, named=named, cli_nice=o.cli_nice)
     clients: list[_Client] = []
     sampler = Sampler(deployment)
-    renicer: asyncio.Task[None] | None = None
     tag = f"{label}: " if label else ""
     try:
         await deployment.start()
-        if o.cli_nice is not None:
-            renicer = asyncio.create_task(renice_clis(deployment, o.cli_nice))
         for plan in _plans(o, deployment.addresses, named):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -282,9 +278,6 @@ async def run(o: Options, label: str = "") -> Raw:
         )
     finally:
         await sampler.cancel()
-        if renicer is not None:
-            renicer.cancel()
-            await asyncio.gather(renicer, return_exceptions=True)
         for c in clients:
             if c.proc.returncode is None:
                 c.proc.kill()

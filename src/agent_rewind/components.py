@@ -31,7 +31,7 @@ from agent_rewind.metrics import MetricsServer
 from agent_rewind.replicas import Owners
 from agent_rewind.rpc.forwarding import Forwarder
 from agent_rewind.sandbox import CommandLimits, CommandSandbox, SandboxUnavailable, environment
-from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement
+from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement, niced
 from agent_rewind.sandbox.commands import private_directories, session_dir
 from agent_rewind.sandbox.proxy import EgressProxy, HostPattern, HostPatternError, Reached
 from agent_rewind.sessions import adapter
@@ -140,7 +140,11 @@ async def open_cli_confinement(config: Config) -> CliConfinement | None:
     root = config.sessions_dir
     try:
         confinement = CliConfinement.find(
-            root, config.claude_config_dir, adapter.cli_binary(), hidden=service_files(config)
+            root,
+            config.claude_config_dir,
+            adapter.cli_binary(),
+            hidden=service_files(config),
+            nice=config.cli_nice,
         )
         probe = root / "probe-cli-check"
         workspace, outside = probe / "workspace", probe / "outside"
@@ -270,6 +274,9 @@ def default_factory(
             confined = cli.prepare(spec.session_id, spec.cwd, own, transcript_dir=transcripts, base=base)
             env.update(confined.env)
             spec = dataclasses.replace(spec, cli_path=confined.path)
+        elif config.cli_nice:
+            binary = spec.cli_path or adapter.cli_binary()
+            spec = dataclasses.replace(spec, cli_path=niced(base, binary, config.cli_nice))
         spec = dataclasses.replace(spec, env=env)
         return SdkAgentClient(spec, policy, connect_timeout=config.connect_timeout)
 

@@ -159,3 +159,38 @@ async def test_a_memory_hog_and_a_fork_bomb_in_one_session_leave_another_s_turn_
             else:
                 assert "forked" in out, out
         assert (Path(bystander.cwd) / "b.txt").read_text() == "still here\n"
+
+
+def _cli_niceness(session_id: str) -> list[int]:
+    """The niceness of every process whose command line names the session (its CLI, and with
+    Landlock the launcher that started it): field 19 of /proc/PID/stat."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes()
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        if session_id.encode() in cmdline:
+            found.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return found
+
+
+@pytest.mark.parametrize(("confinement", "nice"), [("landlock", None), ("off", 4), ("landlock", 0)])
+async def test_the_cli_and_its_commands_run_nicer_than_the_service(
+    tmp_path: Path, confinement: str, nice: int | None
+) -> None:
+    """So that on a node the agents keep busy, the service's own answers do not wait behind
+    them: --cli-nice (10 by default) is added to the CLI's niceness and its commands'."""
+    mine = os.nice(0)
+    overrides = {"cli_confinement": confinement} | ({} if nice is None else {"cli_nice": nice})
+    expected = min(mine + (10 if nice is None else nice), 19)
+    async with serve(tmp_path / "state", **overrides) as c:
+        session = await c.create(options=_options(allowed_tools=["Bash"]))
+        events = await c.prompt(session.session_id, _tool("Bash", command="nice"))
+        out = "".join(e.tool_result.content for e in events if e.HasField("tool_result"))
+        assert out.split() == [str(expected)], out
+        seen = _cli_niceness(session.session_id)
+        assert seen and set(seen) == {expected}, seen

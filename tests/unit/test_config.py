@@ -285,3 +285,13 @@ def test_a_yes_no_variable_refuses_anything_else() -> None:
         "environment variable AGENT_REWIND_WORKSPACE_SNAPSHOTS (--workspace-snapshots): "
         "invalid boolean value: 'maybe' (use true or false)"
     )
+
+
+def test_the_cli_runs_nicer_than_the_service_by_default_and_cli_nice_bounds_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse().cli_nice == 10
+    assert parse("--cli-nice", "0").cli_nice == 0
+    assert parse("--cli-nice", "19").cli_nice == 19
+    assert "must be 19 or less: '20'" in refused(["--cli-nice", "20"], capsys)
+    assert "must be 0 or more: '-1'" in refused(["--cli-nice=-1"], capsys)

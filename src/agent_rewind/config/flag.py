@@ -59,6 +59,14 @@ def count(text: str) -> int:
     return value
 
 
+def niceness(text: str) -> int:
+    """What is added to a process's niceness: an integer from 0 (none) to 19 (the least priority)."""
+    value = count(text)
+    if value > 19:
+        raise argparse.ArgumentTypeError(f"must be 19 or less: {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A count flag's value: an integer of 1 or more."""
     try:

@@ -121,6 +121,9 @@ class Config:
     sandbox_max_processes: int = 512
     # The CLI process itself confined by the kernel (sandbox/cli.py): "landlock" or "off".
     cli_confinement: Literal["landlock", "off"] = "landlock"
+    # Added to the niceness of every CLI process and the commands it runs (0: none), so that on
+    # a node the agents keep busy the service's own answers do not wait behind them.
+    cli_nice: int = 10
     sandbox_max_memory: int = 4 << 30
     # A file holding the database password (a Secret mounted as a file), rather than the URL.
     database_password_file: Path | None = None

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent_rewind.config.flag import Flag, count, lease, positive_int, positive_seconds, seconds
+from agent_rewind.config.flag import Flag, count, lease, niceness, positive_int, positive_seconds, seconds
 from agent_rewind.config.record import Config
 
 # What the CLI accepts as credentials for a real model (API key, OAuth or gateway token, a cloud
@@ -176,6 +176,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "own files, whatever its tools are asked (needs Landlock ABI 3, Linux 6.2; docs/security.md); "
         "off: only the service's checks confine its file tools",
         choices=("landlock", "off"),
+    ),
+    Flag(
+        "--cli-nice",
+        "cli_nice",
+        "added to the niceness of every Claude Code process and the commands it runs, so the service's "
+        "own answers (points, dry runs, events) never wait behind the agents' work on a busy node; 0: none",
+        convert=niceness,
+        metavar="N",
     ),
     Flag(
         "--sandbox-max-processes",

@@ -99,10 +99,12 @@ class CliConfinement:
     hidden: tuple[Path, ...] = ()
     abi: int = 0
     python: str = field(default_factory=lambda: sys.executable)
+    # Added to the CLI's niceness (--cli-nice), and so to its commands'.
+    nice: int = 0
 
     @classmethod
     def find(
-        cls, root: Path, config_dir: Path, binary: Path, *, hidden: Iterable[Path] = ()
+        cls, root: Path, config_dir: Path, binary: Path, *, hidden: Iterable[Path] = (), nice: int = 0
     ) -> CliConfinement:
         """The confinement of this host, or SandboxUnavailable naming what is missing."""
         version = launcher.abi()
@@ -113,7 +115,7 @@ class CliConfinement:
                 f"with landlock in the kernel's lsm= list) to confine the CLI's file tools; this host has "
                 f"{found}: run on a newer kernel, or serve with --cli-confinement off"
             )
-        return cls(root, config_dir, binary, tuple(existing(hidden)), version)
+        return cls(root, config_dir, binary, tuple(existing(hidden)), version, nice=nice)
 
     def _read(self) -> list[Path]:
         """What every CLI may read and run; a tree that holds one of the service's own files (the
@@ -153,32 +155,15 @@ class CliConfinement:
             socket = own.runtime / "door.sock"
             door = {"socket": str(socket), "program": str(own.command)}
             client = programs / "door"
-            self._launcher(client, ["run", str(socket)], "sys.argv[1:2]", '"$1"')
+            _launcher(self.python, client, ["run", str(socket)], "sys.argv[1:2]", '"$1"')
             env["CLAUDE_CODE_SHELL_PREFIX"] = shlex.quote(str(client))
         rules_path = programs / "cli.rules"
-        launcher.write_rules(str(rules_path), paths, door)
+        launcher.write_rules(str(rules_path), paths, door, self.nice)
         program = programs / "cli"
-        self._launcher(program, ["cli", str(rules_path), "--", str(self.binary)], "sys.argv[1:]", '"$@"')
+        _launcher(
+            self.python, program, ["cli", str(rules_path), "--", str(self.binary)], "sys.argv[1:]", '"$@"'
+        )
         return ConfinedCli(program, env)
-
-    def _launcher(self, path: Path, args: list[str], python_rest: str, shell_rest: str) -> None:
-        """A program that runs the launcher with `args` and its own arguments: Python itself, the
-        launcher imported (its compiled form cached, unlike a script's), a shell and a compile
-        fewer on the way of every CLI start and every command; a shell script where the
-        interpreter's path is too long for a `#!` line."""
-        if len(self.python) < _SHEBANG_MAX:
-            _write(
-                path,
-                f"#!{self.python} -IS\n{_HEADER}import sys\n"
-                f"sys.path.insert(0, {os.path.dirname(launcher.__file__)!r})\n"
-                f"import launcher\nsys.exit(launcher.main([*{args!r}, *{python_rest}]))\n",
-            )
-        else:
-            quoted = " ".join(shlex.quote(a) for a in args)
-            _write_program(
-                path,
-                f"exec {shlex.quote(self.python)} -I -S {shlex.quote(launcher.__file__)} {quoted} {shell_rest}",
-            )
 
     def probe(self, workspace: Path, outside: Path) -> None:
         """Runs a program confined like a session's CLI; SandboxUnavailable unless it can write
@@ -205,6 +190,35 @@ class CliConfinement:
                 + (f" ({detail[-1]})" if detail else "")
                 + ": serve with --cli-confinement off where the kernel cannot"
             )
+
+
+def niced(base: Path, binary: Path, nice: int, python: str = sys.executable) -> Path:
+    """The program that runs an unconfined CLI (--cli-confinement off) `nice` lower than the
+    service (--cli-nice), in the session's own programs directory under `base`."""
+    programs = base / PROGRAMS
+    programs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    program = programs / "cli"
+    _launcher(python, program, ["nice", str(nice), "--", str(binary)], "sys.argv[1:]", '"$@"')
+    return program
+
+
+def _launcher(python: str, path: Path, args: list[str], python_rest: str, shell_rest: str) -> None:
+    """A program that runs the launcher with `args` and its own arguments: Python itself, the
+    launcher imported (its compiled form cached, unlike a script's), a shell and a compile fewer
+    on the way of every CLI start and every command; a shell script where the interpreter's path
+    is too long for a `#!` line."""
+    if len(python) < _SHEBANG_MAX:
+        _write(
+            path,
+            f"#!{python} -IS\n{_HEADER}import sys\n"
+            f"sys.path.insert(0, {os.path.dirname(launcher.__file__)!r})\n"
+            f"import launcher\nsys.exit(launcher.main([*{args!r}, *{python_rest}]))\n",
+        )
+    else:
+        quoted = " ".join(shlex.quote(a) for a in args)
+        _write_program(
+            path, f"exec {shlex.quote(python)} -I -S {shlex.quote(launcher.__file__)} {quoted} {shell_rest}"
+        )
 
 
 def _link(link: Path, target: Path) -> None:

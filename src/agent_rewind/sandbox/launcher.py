@@ -5,6 +5,7 @@ service runs on, with `-I -S`: it imports nothing but the standard library.
 
     python -I -S launcher.py cli RULES -- CLI [ARG...]
     python -I -S launcher.py run SOCKET COMMAND
+    python -I -S launcher.py nice N -- CLI [ARG...]
     python -I -S launcher.py abi
 
 `cli` forks. The child makes itself a Landlock domain from RULES (a JSON file: the paths it may
@@ -20,6 +21,11 @@ and the parent runs the session's sandbox program with them, returns the exit st
 the sandbox when `run` goes away (the CLI stopped or killed the command). When the CLI exits, the
 parent exits with its status; a SIGTERM or SIGINT it gets is passed on to the CLI, and the CLI
 gets SIGKILL if the parent dies.
+
+Both `cli` and `nice` first lower the CLI's priority (RULES' `nice`, or N: added to the
+niceness, as nice(1) does), and with it that of every command it runs: on a busy node the agents'
+work waits before the service's own answers do (`--cli-nice`). `nice` is the unconfined CLI's
+program (`--cli-confinement off`): that alone, then the CLI.
 
 `abi` prints the kernel's Landlock ABI version (0: none).
 """
@@ -265,20 +271,23 @@ def _door(listener: _socket.socket, program: str, cli: int) -> None:
         _thread.start_new_thread(_serve_one, (_socket.socket(fileno=fd), program, cli))
 
 
-def read_rules(path: str) -> tuple[list[tuple[str, str]], dict[str, str]]:
+def read_rules(path: str) -> tuple[list[tuple[str, str]], dict[str, str], int]:
     """The rules file sandbox/cli.py writes: NUL-separated pairs, `ACCESS PATH` (read, write,
-    device) and `door-socket PATH`, `door-program PATH`. (Not JSON: json costs an import more on
-    the way of every CLI start, and a path may hold any character but NUL.)"""
+    device), `door-socket PATH`, `door-program PATH` and `nice N`. (Not JSON: json costs an import
+    more on the way of every CLI start, and a path may hold any character but NUL.)"""
     with open(path, "rb") as f:
         fields = [os.fsdecode(field) for field in f.read().split(b"\0")]
     pairs = list(zip(fields[0::2], fields[1::2], strict=False))
     door = {kind.removeprefix("door-"): value for kind, value in pairs if kind.startswith("door-")}
-    return [(kind, value) for kind, value in pairs if kind in ACCESS], door
+    nice = sum(int(value) for kind, value in pairs if kind == "nice")
+    return [(kind, value) for kind, value in pairs if kind in ACCESS], door, nice
 
 
-def write_rules(path: str, paths: list[tuple[str, str]], door: dict[str, str]) -> None:
+def write_rules(path: str, paths: list[tuple[str, str]], door: dict[str, str], nice: int = 0) -> None:
     """Writes what `read_rules` reads, atomically."""
     fields = [*(x for pair in paths for x in pair), *(x for k, v in door.items() for x in (f"door-{k}", v))]
+    if nice:
+        fields += ["nice", str(nice)]
     staged = path + ".new"
     with open(staged, "wb") as f:
         f.write(b"\0".join(os.fsencode(x) for x in fields))
@@ -288,7 +297,9 @@ def write_rules(path: str, paths: list[tuple[str, str]], door: dict[str, str]) -
 def _cli(rules_path: str, argv: list[str]) -> int:
     import signal
 
-    paths, door = read_rules(rules_path)
+    paths, door, nice = read_rules(rules_path)
+    if nice:
+        os.nice(nice)  # before the fork: the CLI, the door and every command it runs
     listener: _socket.socket | None = None
     if door:
         try:  # noqa: SIM105 - as in _end
@@ -380,7 +391,17 @@ def main(args: list[str]) -> int:
         return _cli(args[1], args[3:])
     if len(args) == 3 and args[0] == "run":
         return _run(args[1], args[2])
-    os.write(2, b"usage: launcher.py cli RULES -- CLI [ARG...] | run SOCKET COMMAND | abi\n")
+    if len(args) >= 4 and args[0] == "nice" and args[2] == "--" and args[1].isdigit():
+        try:
+            os.nice(int(args[1]))
+            os.execv(args[3], args[3:])
+        except OSError as err:
+            os.write(2, f"agent-rewind: the CLI could not be started: {err}\n".encode())
+            return 126
+    os.write(
+        2,
+        b"usage: launcher.py cli RULES -- CLI [ARG...] | run SOCKET COMMAND | nice N -- CLI [ARG...] | abi\n",
+    )
     return 2
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, launcher
-from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement
+from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement, niced
 from agent_rewind.sandbox.commands import private_directories
 
 
@@ -356,3 +356,40 @@ def test_a_command_still_running_when_the_cli_exits_is_ended(host: dict[str, Pat
     time.sleep(2.5)
     assert (host["mine"] / "started").exists(), "the command ran"
     assert not (host["mine"] / "outlived").exists(), "the command outlived its CLI"
+
+
+def _niceness_of(output: str) -> int:
+    """nice(1) with no command prints the niceness it runs at."""
+    return int(output.strip().splitlines()[-1])
+
+
+def test_a_confined_cli_and_what_it_runs_run_nicer_by_the_rules_nice(host: dict[str, Path]) -> None:
+    root = host["state"] / "sessions"
+    base = root / "s1"
+    cli = CliConfinement.find(root, host["config"], Path("/bin/true"), hidden=[host["state"]], nice=7)
+    cli.prepare("s1", host["mine"], private_directories(base), transcript_dir=host["config"] / "p", base=base)
+    mine = os.nice(0)
+    done = _sh(base / PROGRAMS / "cli.rules", "nice; sh -c nice")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert [int(x) for x in lines] == [min(mine + 7, 19)] * 2, done.stdout
+    _, plain = _confined(host)  # nice 0: the rules say nothing of it
+    assert "nice" not in plain.read_bytes().split(b"\0")
+    assert _niceness_of(_sh(plain, "nice").stdout) == mine
+
+
+def test_an_unconfined_cli_s_program_runs_it_nicer(tmp_path: Path) -> None:
+    program = niced(tmp_path / "s1", Path("/bin/sh"), 5)
+    assert program == tmp_path / "s1" / PROGRAMS / "cli" and os.access(program, os.X_OK)
+    done = subprocess.run(
+        [program, "-c", "nice; echo $0 $1", "x", "arg"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(min(os.nice(0) + 5, 19)), "x", "arg"]
+
+
+def test_an_unconfined_cli_that_cannot_be_started_says_so(tmp_path: Path) -> None:
+    program = niced(tmp_path / "s1", tmp_path / "missing", 5)
+    done = subprocess.run([program], capture_output=True, text=True, check=False)
+    assert done.returncode == 126
+    assert "the CLI could not be started" in done.stderr and "Traceback" not in done.stderr
