@@ -98,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(rest)
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        # Said with the usage of the command they were given to (every command names its parser),
+        # not the top level's, which shows none of the command's own flags.
+        command_parser: argparse.ArgumentParser = getattr(args, "subparser", parser)
+        command_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     _tolerant_stdout()
     local: LocalHandler | None = getattr(args, "local", None)
     if local is not None:
