@@ -201,5 +201,5 @@ def test_an_unknown_serve_flag_is_a_usage_error(
 
 def test_an_unknown_client_flag_is_still_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert usage_error(["--server", "127.0.0.1:1", "capabilities", "--bogus"], capsys) == (
-        "agent-rewind: error: unrecognized arguments: --bogus"
+        "agent-rewind capabilities: error: unrecognized arguments: --bogus"
     )
