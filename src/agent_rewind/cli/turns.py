@@ -22,6 +22,8 @@ from agent_rewind.cli.common import (
 from agent_rewind.client import (
     MODES,
     SCOPES,
+    TOOL_OUTPUT_BYTES,
+    TOOL_OUTPUT_LINES,
     Client,
     UsageError,
     follow_turn,
@@ -78,7 +80,7 @@ def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         raise UsageError("--mode and --expect-last go with --rewind-to")
     stream = client.prompt(args.session_id, text, request_id=args.request_id or "", rewind=rewind)
     try:
-        outcome = follow_turn(stream, out, json_lines=args.json)
+        outcome = follow_turn(stream, out, json_lines=args.json, full=args.full)
     except KeyboardInterrupt:
         stream.cancel()
         sys.stderr.write(
@@ -166,6 +168,12 @@ def add_commands(
     )
     prompt.add_argument("session_id", metavar="SESSION")
     prompt.add_argument("text", metavar="TEXT", help="the prompt, or - to read it from stdin")
+    prompt.add_argument(
+        "--full",
+        action="store_true",
+        help="show every tool result whole (default: a Bash command's output up to "
+        f"{TOOL_OUTPUT_LINES} lines or {TOOL_OUTPUT_BYTES // 1024} KiB, any other result's first line)",
+    )
     prompt.add_argument(
         "--request-id",
         metavar="UUID",

@@ -30,7 +30,6 @@ from ._formatting import (
     event_kind_name,
     format_capabilities,
     format_caught_up,
-    format_duration,
     format_points,
     format_rewind_event,
     format_rewind_result,
@@ -39,12 +38,9 @@ from ._formatting import (
     format_size,
     format_table,
     format_time,
-    format_turn_event,
-    format_turn_result,
     format_watch_response,
     one_line,
     state_name,
-    summarize_input,
     to_json,
 )
 from ._parsing import (
@@ -59,7 +55,16 @@ from ._parsing import (
     read_prompt_text,
     scope_name,
 )
-from ._turns import TurnOutcome, follow_turn
+from ._turns import (
+    TOOL_OUTPUT_BYTES,
+    TOOL_OUTPUT_LINES,
+    TurnOutcome,
+    follow_turn,
+    format_duration,
+    format_turn_event,
+    format_turn_result,
+    summarize_input,
+)
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -70,6 +75,8 @@ __all__ = [
     "TLS_CERT_ENV",
     "TLS_KEY_ENV",
     "TOKEN_ENV",
+    "TOOL_OUTPUT_BYTES",
+    "TOOL_OUTPUT_LINES",
     "BearerToken",
     "Client",
     "Credentials",

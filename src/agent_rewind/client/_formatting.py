@@ -1,4 +1,4 @@
-"""Plain-text views of the API's messages: tables, key/value blocks and one line per turn event.
+"""Plain-text views of the API's messages: tables and key/value blocks (a turn's events: `_turns`).
 
 Pure functions from protobuf messages to strings, so they are tested without a server.
 """
@@ -19,11 +19,6 @@ from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2
 from ._parsing import mode_name, scope_name
 
 PREVIEW = 60  # characters of prompt text a table shows
-_INDENT_SUBAGENT = "    "
-# Tool input keys shown first, in this order: what the call acts on.
-_LEADING_KEYS = {
-    k: i for i, k in enumerate(["file_path", "notebook_path", "path", "command", "pattern", "url"])
-}
 
 
 def to_json(message: Message, *, compact: bool = False) -> str:
@@ -102,18 +97,21 @@ def _key_values(pairs: Sequence[tuple[str, str]]) -> str:
 def struct_to_text(struct: struct_pb2.Struct) -> str:
     """A Struct as compact JSON with sorted keys (a Struct keeps no order), whole numbers without `.0`."""
     return json.dumps(
-        _whole(json_format.MessageToDict(struct)), ensure_ascii=False, separators=(", ", ": "), sort_keys=True
+        json_whole(json_format.MessageToDict(struct)),
+        ensure_ascii=False,
+        separators=(", ", ": "),
+        sort_keys=True,
     )
 
 
-def _whole(value: Any) -> Any:
+def json_whole(value: Any) -> Any:
     """Struct numbers are doubles; show 5.0 as 5."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
+        return {k: json_whole(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_whole(v) for v in value]
+        return [json_whole(v) for v in value]
     return value
 
 
@@ -211,94 +209,6 @@ def format_points(points: Sequence[rewind_pb2.RewindPoint], last_message_id: str
         ["#", "MESSAGE_ID", "RESUME_AT", "FILES", "SNAPSHOT", "COMPACTED", "CREATED", "TEXT"], rows, right=[0]
     )
     return f"{table}\n{footer}"
-
-
-# --- turn events --------------------------------------------------------------------------------
-
-
-def summarize_input(struct: struct_pb2.Struct, *, value_limit: int = 60, limit: int = 160) -> str:
-    """A tool's input as `{key: value, ...}`, each value cut to `value_limit`, the whole to `limit`.
-
-    A Struct keeps no key order, so the keys that say what a call is about come first, the rest sorted.
-    """
-    values = _whole(json_format.MessageToDict(struct))
-    parts = []
-    for key in sorted(values, key=lambda k: (_LEADING_KEYS.get(k, len(_LEADING_KEYS)), k)):
-        value = values[key]
-        shown = json.dumps(value, ensure_ascii=False)
-        if len(shown) > value_limit:
-            shown = shown[: value_limit - 1] + "…"
-        parts.append(f"{key}: {shown}")
-    text = "{" + ", ".join(parts) + "}"
-    return text if len(text) <= limit else text[: limit - 2] + "…}"
-
-
-def _first_line(text: str, limit: int = 120) -> str:
-    lines = text.strip().splitlines()
-    if not lines:
-        return "(empty)"
-    first = lines[0].strip()
-    more = len(lines) > 1
-    if len(first) > limit:
-        first, more = first[: limit - 1], True
-    return first + " …" if more else first
-
-
-def format_duration(ms: int) -> str:
-    if ms < 1000:
-        return f"{ms}ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, rest = divmod(int(seconds), 60)
-    return f"{minutes}m{rest:02d}s"
-
-
-def format_turn_event(event: session_pb2.TurnEvent) -> list[str]:
-    """The lines one TurnEvent prints as. A subagent's messages are indented under its tool call."""
-    indent = _INDENT_SUBAGENT if event.parent_tool_use_id else ""
-    kind = event.WhichOneof("event")
-    lines: list[str] = []
-    if kind == "user_prompt":
-        lines.append(f"› prompt {event.message_id or '-'}  {one_line(event.user_prompt.text)}")  # noqa: RUF001
-    elif kind == "assistant_message":
-        msg = event.assistant_message
-        text_lines = msg.text.strip().splitlines()
-        if text_lines:
-            lines.append(f"● {text_lines[0]}")
-            lines.extend(f"  {line}" for line in text_lines[1:])
-        lines.extend(f"⚙ {use.name} {summarize_input(use.input)}" for use in msg.tool_uses)
-    elif kind == "tool_result":
-        result = event.tool_result
-        error = " (error)" if result.is_error else ""
-        lines.append(f"↳ tool result{error} {_first_line(result.content)}")
-    elif kind == "result":
-        lines.extend(format_turn_result(event.result))
-    elif kind == "rewind":
-        rewound = event.rewind
-        files = len(rewound.files.files_changed)
-        lines.append(
-            f"↶ rewound {rewound.rewind_id} · {files} file{'' if files == 1 else 's'} changed"
-            f" · {rewound.conversation.messages_dropped} messages dropped"
-        )
-    return [indent + line for line in lines]
-
-
-def format_turn_result(result: session_pb2.TurnResult) -> list[str]:
-    mark = "✗" if result.is_error or result.interrupted else "✓"
-    parts = [
-        f"{mark} result {result.subtype or '-'}",
-        f"{result.num_turns} model call{'' if result.num_turns == 1 else 's'}",
-        format_duration(result.duration_ms),
-    ]
-    if result.total_cost_usd > 0:  # 0: the offline model, which nobody pays for
-        parts.append(f"${result.total_cost_usd:.4f}")
-    if result.interrupted:
-        parts.append("interrupted")
-    lines = [" · ".join(parts)]
-    if result.is_error and result.result:
-        lines.append(f"  {_first_line(result.result)}")
-    return lines
 
 
 # --- rewinds ------------------------------------------------------------------------------------

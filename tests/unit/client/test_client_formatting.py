@@ -11,6 +11,8 @@ from google.protobuf import struct_pb2, timestamp_pb2
 
 from agent_rewind.api.v1 import rewind_pb2, session_pb2
 from agent_rewind.client import (
+    TOOL_OUTPUT_BYTES,
+    TOOL_OUTPUT_LINES,
     follow_turn,
     format_capabilities,
     format_duration,
@@ -128,6 +130,81 @@ def test_tool_result_shows_its_first_line_and_marks_errors() -> None:
     )
     assert format_turn_event(ok) == ["↳ tool result done …"]
     assert format_turn_event(failed) == ["↳ tool result (error) (empty)"]
+
+
+LS_OUTPUT = (
+    "total 8\ndrwxr-xr-x 2 agent agent 4096 .\n-rw-r--r-- 1 agent agent   12 notes.txt\ngit version 2.39.5\n"
+)
+
+
+def bash_turn(content: str, *, name: str = "Bash") -> list[session_pb2.TurnEvent]:
+    """An assistant message calling `name`, then the call's result."""
+    use = session_pb2.ToolUse(id="toolu_1", name=name, input=struct({"command": "ls -la && git --version"}))
+    return [
+        session_pb2.TurnEvent(
+            message_id="a-1", assistant_message=session_pb2.AssistantMessage(tool_uses=[use])
+        ),
+        session_pb2.TurnEvent(
+            message_id="t-1", tool_result=session_pb2.ToolResult(tool_use_id="toolu_1", content=content)
+        ),
+    ]
+
+
+def test_a_bash_result_is_the_commands_whole_output_under_its_line() -> None:
+    out = io.StringIO()
+    follow_turn(bash_turn(LS_OUTPUT), out)
+    assert out.getvalue().splitlines() == [
+        '⚙ Bash {command: "ls -la && git --version"}',
+        "↳ tool result",
+        "  total 8",
+        "  drwxr-xr-x 2 agent agent 4096 .",
+        "  -rw-r--r-- 1 agent agent   12 notes.txt",
+        "  git version 2.39.5",
+    ]
+
+
+def test_another_tools_result_stays_one_line_unless_full() -> None:
+    out = io.StringIO()
+    follow_turn(bash_turn(LS_OUTPUT, name="Read"), out)
+    assert out.getvalue().splitlines()[-1] == "↳ tool result total 8 …"
+    whole = io.StringIO()
+    follow_turn(bash_turn(LS_OUTPUT, name="Read"), whole, full=True)
+    assert whole.getvalue().splitlines()[-5:] == [
+        "↳ tool result",
+        *(f"  {line}" for line in LS_OUTPUT.splitlines()),
+    ]
+
+
+def test_a_long_bash_output_is_cut_at_the_line_cap_saying_what_was_left_out() -> None:
+    output = "\n".join(f"line {i}" for i in range(100))
+    lines = format_turn_event(bash_turn(output)[1], tool_name="Bash")
+    assert lines[0] == "↳ tool result"
+    assert lines[1:-1] == [f"  line {i}" for i in range(TOOL_OUTPUT_LINES)]
+    left = sum(len(f"line {i}") + 1 for i in range(TOOL_OUTPUT_LINES, 100)) - 1
+    assert lines[-1] == f"  … 60 more lines ({left} B) not shown: --full shows every tool result whole"
+    assert format_turn_event(bash_turn(output)[1], tool_name="Bash", full=True)[1:] == [
+        f"  line {i}" for i in range(100)
+    ]
+
+
+def test_a_bash_output_is_cut_at_the_byte_cap_even_within_one_line() -> None:
+    lines = format_turn_event(bash_turn("x" * 5000 + "\nend")[1], tool_name="Bash")
+    assert lines[1] == "  " + "x" * TOOL_OUTPUT_BYTES
+    assert lines[2] == (
+        "  … the rest of the line and 1 more line (908 B) not shown: --full shows every tool result whole"
+    )
+    wide = format_turn_event(bash_turn("y" * 30 + "\n" + "z" * 5000)[1], tool_name="Bash")
+    assert wide[1:] == [
+        "  " + "y" * 30,
+        "  … 1 more line (4.9 KiB) not shown: --full shows every tool result whole",
+    ]
+
+
+def test_an_empty_or_one_line_bash_result_stays_on_its_line() -> None:
+    assert format_turn_event(bash_turn("\n")[1], tool_name="Bash") == ["↳ tool result (empty)"]
+    assert format_turn_event(bash_turn("git version 2.39.5\n")[1], tool_name="Bash") == [
+        "↳ tool result git version 2.39.5"
+    ]
 
 
 def test_subagent_messages_are_indented() -> None:
