@@ -1,8 +1,9 @@
-"""Generates src/agent_rewind/api/v1 from protos/ (run by `make proto`).
+"""Generates src/agent_rewind/api/v1 from protos/ and copies protos/ into the Node client
+(clients/node/protos) (run by `make proto`).
 
 Generator versions are pinned in pyproject.toml (grpcio-tools, mypy-protobuf) so the
 output is reproducible; tests/unit/api/test_generated_code.py fails when the committed
-code differs from what this script produces.
+code, or the Node client's copy, differs from what this script produces.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 OUT = ROOT / "src" / "agent_rewind" / "api" / "v1"
+# The Node client loads .proto files at run time (@grpc/proto-loader); a committed copy in its
+# package means npm installs it as it is, with no install script to make the copy.
+NODE_PROTOS = ROOT / "clients" / "node" / "protos"
 _IMPORT = re.compile(r"^from agent_rewind\.v1 import", re.MULTILINE)
 
 
@@ -54,10 +58,22 @@ def generate(out: Path) -> None:
     )
 
 
+def copy_protos(out: Path) -> None:
+    """Makes `out` hold exactly the .proto files under protos/, at the same relative paths."""
+    shutil.rmtree(out, ignore_errors=True)
+    for proto in sorted(PROTOS.rglob("*.proto")):
+        target = out / proto.relative_to(PROTOS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(proto, target)
+
+
 def main() -> None:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     generate(target)
     print(f"generated {sorted(p.name for p in target.iterdir() if p.suffix in ('.py', '.pyi'))}")
+    if target == OUT:
+        copy_protos(NODE_PROTOS)
+        print(f"copied protos/ to {NODE_PROTOS.relative_to(ROOT)}/")
 
 
 if __name__ == "__main__":

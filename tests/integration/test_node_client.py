@@ -172,18 +172,64 @@ async def test_the_flow_example_runs(node: str, servers: dict[str, ServerProcess
     assert output.rstrip().endswith("flow done"), output
 
 
-async def test_another_project_installs_the_client_by_path_and_calls_the_server(
-    node: str, servers: dict[str, ServerProcess], tmp_path: Path
+# Lifecycle scripts npm runs when it installs a package (prepare: for one installed from a folder).
+INSTALL_SCRIPTS = ("preinstall", "install", "postinstall", "prepare")
+# Dependencies known to bring an install script, each with why it may: npm 11 lists them after an
+# install as not covered by the project's allowScripts, and npm 12 skips them unless allowed.
+DEPENDENCY_SCRIPTS = {
+    # protobufjs 7 (every 7.x, which @grpc/proto-loader needs) has a postinstall that only warns
+    # when the project pins protobufjs with another range operator than `~`; the client needs
+    # nothing from it, so it works whether the script runs or is skipped.
+    "protobufjs",
+}
+
+
+def _packed(npm: str, destination: Path) -> tuple[Path, list[str]]:
+    """`npm pack` of clients/node: the tarball and the paths it holds."""
+    done = subprocess.run(
+        [npm, "pack", "--json", "--pack-destination", str(destination)],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [packed] = json.loads(done.stdout)
+    return destination / packed["filename"], [f["path"] for f in packed["files"]]
+
+
+def _script_warnings(output: str) -> set[str]:
+    """The packages npm's install-scripts warning names (npm 11.16+: `name@version (script: ...)`)."""
+    return set(re.findall(r"^npm warn install-scripts\s+(@?[^@\s]+)@\S+ \(", output, re.MULTILINE))
+
+
+@pytest.mark.parametrize("source", ["tarball", "folder"])
+async def test_another_project_installs_the_client_with_no_script_and_calls_the_server(
+    node: str, servers: dict[str, ServerProcess], tmp_path: Path, source: str
 ) -> None:
-    """`npm install --install-links /path/to/clients/node` (clients/node/README.md): the package
-    gets its dependencies and a copy of the protos, and works from the other project's folder."""
+    """`npm install` of `npm pack`'s tarball, and `npm install --install-links /path/to/clients/node`
+    (clients/node/README.md): the package carries its protos, runs no install script of its own,
+    and works from the other project's folder."""
     npm = _tool("npm")
+    protos = sorted(
+        f"protos/{p.relative_to(NODE_DIR / 'protos')}" for p in (NODE_DIR / "protos").rglob("*.proto")
+    )
+    assert protos, "clients/node/protos is empty; run `make proto`"
+    if source == "tarball":
+        tarball, paths = await asyncio.to_thread(_packed, npm, tmp_path)
+        assert set(protos) <= set(paths), paths
+        assert "src/index.js" in paths, paths
+        assert {path.split("/")[0] for path in paths} <= {"package.json", "README.md", "src", "protos"}, paths
+        spec = str(tarball)
+    else:
+        spec = str(NODE_DIR)
     project = tmp_path / "other-project"
     project.mkdir()
     (project / "package.json").write_text(json.dumps({"name": "other", "private": True, "type": "module"}))
     done = await asyncio.to_thread(
         subprocess.run,
-        [npm, "install", "--install-links", "--no-audit", "--no-fund", str(NODE_DIR)],
+        [npm, "install", "--install-links", "--no-audit", "--no-fund", spec],
         cwd=project,
         capture_output=True,
         text=True,
@@ -191,9 +237,19 @@ async def test_another_project_installs_the_client_by_path_and_calls_the_server(
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    warned = _script_warnings(done.stdout + done.stderr)
+    assert "@agent-rewind/client" not in warned, done.stderr
+    assert warned <= DEPENDENCY_SCRIPTS, f"a dependency brings a new install script: {done.stderr}"
     installed = project / "node_modules" / "@agent-rewind" / "client"
     assert not installed.is_symlink(), "installed, not linked to the checkout"
-    assert (installed / "protos" / "agent_rewind" / "v1" / "session_service.proto").exists()
+    scripts = json.loads((installed / "package.json").read_text()).get("scripts", {})
+    assert not set(scripts) & set(INSTALL_SCRIPTS), scripts
+    assert (
+        sorted(
+            f"protos/{p.relative_to(installed / 'protos')}" for p in (installed / "protos").rglob("*.proto")
+        )
+        == protos
+    )
     (project / "main.mjs").write_text(
         "import { connect, PROTO_DIR } from '@agent-rewind/client';\n"
         "const client = connect(process.env.AGENT_REWIND_SERVER);\n"

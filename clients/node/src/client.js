@@ -1,6 +1,6 @@
-// The client: the repo's protos loaded with proto-loader, one channel, promise-returning unary
-// calls and async-iterable streams, every failure an AgentRewindError.
-import { existsSync, readFileSync } from 'node:fs';
+// The client: the package's copy of the protos loaded with proto-loader, one channel,
+// promise-returning unary calls and async-iterable streams, every failure an AgentRewindError.
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
@@ -8,14 +8,11 @@ import { toAgentRewindError } from './errors.js';
 import { enumValue, fromStruct, toStruct } from './values.js';
 
 /**
- * Where agent_rewind/v1/*.proto are: the repo's protos/ when this package is clients/node/ of the
- * repo, else the package's own copy (npm's `prepare` makes it, so a package installed with
- * --install-links or packed with `npm pack` carries the protos it was made with).
+ * Where agent_rewind/v1/*.proto are: the package's own copy of the repo's protos/, committed and
+ * kept equal to them by `make proto`, so the package carries them wherever npm puts it (installed
+ * from a path or a tarball) with no install script, and runs in the checkout as it runs installed.
  */
-const REPO_PROTOS = fileURLToPath(new URL('../../../protos/', import.meta.url));
-export const PROTO_DIR = existsSync(`${REPO_PROTOS}agent_rewind/v1/session_service.proto`)
-  ? REPO_PROTOS
-  : fileURLToPath(new URL('../protos/', import.meta.url));
+export const PROTO_DIR = fileURLToPath(new URL('../protos/', import.meta.url));
 
 /**
  * How messages look in JavaScript. keepCase: field names exactly as in the .proto (session_id,
@@ -75,7 +72,7 @@ function pem(value) {
  * @property {Buffer | string} [tlsKey] the client certificate's private key
  * @property {boolean} [tls] TLS with the system's roots (implied by tlsCa or tlsCert)
  * @property {Record<string, unknown>} [channelOptions] grpc-js channel options
- * @property {string} [protoDir] where agent_rewind/v1/*.proto live (default: the repo's protos/)
+ * @property {string} [protoDir] where agent_rewind/v1/*.proto live (default: PROTO_DIR, the package's copy)
  *
  * @typedef {object} CallOptions
  * @property {number} [timeoutMs] deadline, in milliseconds from now

@@ -46,6 +46,20 @@ def test_committed_generated_code_is_up_to_date_with_protos(tmp_path: Path) -> N
     )
 
 
+def test_the_node_clients_copy_of_the_protos_is_up_to_date(tmp_path: Path) -> None:
+    # clients/node ships this copy in its package (no install script makes it).
+    _gen_protos().copy_protos(tmp_path)
+    committed = ROOT / "clients" / "node" / "protos"
+    fresh = {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
+    copied = {str(p.relative_to(committed)): p.read_text() for p in committed.rglob("*") if p.is_file()}
+    assert fresh, "protos/ has no .proto files"
+    assert copied == fresh, (
+        "clients/node/protos differs from protos/; run `make proto` and commit the result: "
+        f"missing {sorted(fresh.keys() - copied.keys())}, not in protos/ {sorted(copied.keys() - fresh.keys())}, "
+        f"differs {sorted(k for k in fresh.keys() & copied.keys() if fresh[k] != copied[k])}"
+    )
+
+
 # --- The names API.md fixes --------------------------------------------------------------------
 
 # The services API.md defines; every RPC signature it writes lives on one of them.
