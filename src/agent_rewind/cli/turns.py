@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import TextIO
 
+import grpc
+
 from agent_rewind.api.v1 import rewind_pb2, session_service_pb2
 from agent_rewind.cli.common import (
     EXIT_INTERRUPTED,
@@ -32,6 +34,7 @@ from agent_rewind.client import (
     parse_mode,
     parse_scope,
     read_prompt_text,
+    render_rpc_error,
     to_json,
 )
 
@@ -94,10 +97,38 @@ def _prompt(args: argparse.Namespace, client: Client, out: TextIO) -> int:
     return EXIT_RPC_ERROR if outcome.result.is_error else 0
 
 
+# Codes for which undo without REWIND_ID cannot read the events that name the latest rewind.
+_NO_EVENTS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+def _latest_rewind(session_id: str, client: Client) -> str | None:
+    """The session's latest rewind (its events, replayed), or None after saying on stderr why not."""
+    try:
+        rewind_id = client.latest_rewind_id(session_id)
+    except grpc.RpcError as err:
+        for line in render_rpc_error(err, server=client.server, tls=client.tls):
+            sys.stderr.write(line + "\n")
+        if err.code() in _NO_EVENTS:
+            sys.stderr.write(
+                "hint: undo without REWIND_ID reads the session's events (WatchRewindEvents) to find "
+                "its latest rewind; pass REWIND_ID, the rewind_id the rewind printed\n"
+            )
+        return None
+    if rewind_id is None:
+        sys.stderr.write(
+            f"error: session {session_id} has no rewind to undo (none among the events the server keeps); "
+            "pass REWIND_ID to name one\n"
+        )
+    return rewind_id
+
+
 def _undo(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    rewind_id = args.rewind_id or _latest_rewind(args.session_id, client)
+    if rewind_id is None:
+        return EXIT_RPC_ERROR
     result = client.undo(
         args.session_id,
-        args.rewind_id,
+        rewind_id,
         validate_only=args.dry_run,
         request_id=args.request_id or "",
         conflict_policy=args.conflicts,
@@ -213,7 +244,14 @@ def add_commands(
         common,
     )
     undo.add_argument("session_id", metavar="SESSION")
-    undo.add_argument("rewind_id", metavar="REWIND_ID", help="the rewind to undo: the session's latest")
+    undo.add_argument(
+        "rewind_id",
+        metavar="REWIND_ID",
+        nargs="?",
+        default=None,
+        help="the rewind to undo, which must be the session's latest (default: the latest, found in the "
+        "session's events)",
+    )
     undo.add_argument("--dry-run", action="store_true", help="preview: apply nothing (validate_only)")
     undo.add_argument(
         "--conflicts",

@@ -334,6 +334,24 @@ class Client:
         )
         return result
 
+    def latest_rewind_id(self, session_id: str) -> str | None:
+        """The id of the session's latest rewind, undone or not, from its events replayed from the
+        oldest kept (WatchRewindEvents: the `events.read` permission); None when none of them is one.
+
+        The contract has no other way to ask (UndoRewind wants the id); a rewind whose event the
+        server's retention dropped is not found."""
+        stream = self.watch_events(session_id, after_cursor=0)
+        latest: str | None = None
+        try:
+            for response in stream:
+                if response.WhichOneof("response") == "caught_up":
+                    break  # the replay is whole; what follows is live
+                if response.event.kind == rewind_pb2.REWIND_EVENT_KIND_REWOUND:
+                    latest = response.event.rewind_id
+        finally:
+            stream.cancel()
+        return latest
+
     def watch_events(self, session_id: str = "", *, after_cursor: int | None = None) -> WatchStream:
         """Opens a WatchRewindEvents stream: the events of `session_id` (empty: every session the
         caller may see). `after_cursor` None: only new events (caught_up comes at once); 0: replay from
