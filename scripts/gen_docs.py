@@ -18,6 +18,7 @@ import contextlib
 import io
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,14 +106,33 @@ def region(text: str, name: str) -> tuple[int, int]:
     return begin, text.index(f"<!-- {name}:end -->")
 
 
-def main() -> None:
-    for name, (page, make) in BLOCKS.items():
-        text = page.read_text()
-        begin, end = region(text, name)
-        fresh = text[:begin] + make() + text[end:]
+def _shown(page: Path) -> str:
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
+
+
+def main(blocks: dict[str, tuple[Path, Callable[[], str]]] = BLOCKS) -> None:
+    """Rewrite every page whose blocks differ from what the code makes, and say which (each page
+    with the blocks that changed), or that all were up to date."""
+    pages: dict[Path, list[str]] = {}
+    for name, (page, _) in blocks.items():
+        pages.setdefault(page, []).append(name)
+    rewritten = 0
+    for page, names in pages.items():
+        text = fresh = page.read_text()
+        changed = []
+        for name in names:
+            begin, end = region(fresh, name)
+            block = blocks[name][1]()
+            if fresh[begin:end] != block:
+                fresh = fresh[:begin] + block + fresh[end:]
+                changed.append(name)
         if fresh != text:
             page.write_text(fresh)
-            print(f"gen_docs: {page.relative_to(ROOT)}: {name} regenerated")
+            rewritten += 1
+            print(f"gen_docs: rewrote {_shown(page)} ({', '.join(changed)})")
+    if not rewritten:
+        shown = ", ".join(_shown(page) for page in pages)
+        print(f"gen_docs: all {len(blocks)} generated blocks were up to date ({shown})")
 
 
 if __name__ == "__main__":

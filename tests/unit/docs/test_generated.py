@@ -21,3 +21,19 @@ def test_a_generated_block_is_what_the_code_makes(name: str) -> None:
     text = page.read_text()
     begin, end = gen_docs.region(text, name)
     assert text[begin:end] == make(), f"{page.name}: run `make docs` to regenerate the {name!r} block"
+
+
+def test_make_docs_says_which_pages_it_rewrote_or_that_all_were_up_to_date(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page, other = tmp_path / "a.md", tmp_path / "b.md"
+    page.write_text(
+        "x\n<!-- one:begin -->\nold\n<!-- one:end -->\n<!-- two:begin -->\nnew\n<!-- two:end -->\n"
+    )
+    other.write_text("<!-- three:begin -->\nnew\n<!-- three:end -->\n")
+    blocks = {name: (p, lambda: "new\n") for name, p in (("one", page), ("two", page), ("three", other))}
+    gen_docs.main(blocks)
+    assert capsys.readouterr().out == f"gen_docs: rewrote {page} (one)\n"
+    assert page.read_text().count("new\n") == 2
+    gen_docs.main(blocks)
+    assert capsys.readouterr().out == f"gen_docs: all 3 generated blocks were up to date ({page}, {other})\n"
