@@ -406,7 +406,7 @@ class SidePorts:
     async def start(self) -> None:
         hub, live = self._hub, self._live
         self._unobserve = metrics.observe(
-            self._registry.states, lambda: hub.watchers, lambda: (live.held, live.capacity)
+            self._registry.states, lambda: hub.watchers, lambda: (live.held, live.capacity, live.waiting)
         )
         config = self._config
         if config.metrics_listen:

@@ -164,7 +164,7 @@ def timed(histogram: Any) -> Iterator[None]:
 class _Server:
     sessions: Callable[[], dict[str, int]]
     watchers: Callable[[], int]
-    live: Callable[[], tuple[int, int]]
+    live: Callable[[], tuple[int, int, int]]  # held, the bound, calls waiting for a slot
 
 
 class _Gauges(Collector):
@@ -191,12 +191,17 @@ class _Gauges(Collector):
         )
         live = [s.live() for s in servers]
         yield GaugeMetricFamily(
-            "agent_rewind_live_processes", "Live-process slots held", value=sum(h for h, _ in live)
+            "agent_rewind_live_processes", "Live-process slots held", value=sum(h for h, _, _ in live)
         )
         yield GaugeMetricFamily(
             "agent_rewind_live_processes_max",
             "The live-process bound (--max-live-sessions)",
-            value=sum(c for _, c in live),
+            value=sum(c for _, c, _ in live),
+        )
+        yield GaugeMetricFamily(
+            "agent_rewind_live_processes_waiting",
+            "Calls waiting for a live-process slot (--live-session-wait)",
+            value=sum(w for _, _, w in live),
         )
 
 
@@ -205,7 +210,9 @@ REGISTRY.register(_GAUGES)
 
 
 def observe(
-    sessions: Callable[[], dict[str, int]], watchers: Callable[[], int], live: Callable[[], tuple[int, int]]
+    sessions: Callable[[], dict[str, int]],
+    watchers: Callable[[], int],
+    live: Callable[[], tuple[int, int, int]],
 ) -> Callable[[], None]:
     """Registers a running server's gauges; returns what unregisters them."""
     server = _Server(sessions, watchers, live)

@@ -296,7 +296,7 @@ async def _make(
             usage.changed(event.session_id)
 
     engine = RewindEngine(ledger, publish=publish, snapshots=snapshots)
-    live = LiveSlots(config.max_live_sessions or default_max_live())
+    live = LiveSlots(config.max_live_sessions or default_max_live(), wait=config.live_session_wait)
     log.info("live process bound", max_live_sessions=live.capacity)
     health_servicer = tooling.Health()
 

@@ -81,12 +81,24 @@ async def test_five_sessions_in_turn_never_hold_more_than_two_processes(tmp_path
             assert _starts(c, s.session_id) == before and not cli_pids(s.session_id)
 
 
-async def test_when_every_slot_runs_a_turn_the_call_is_live_sessions_exhausted(tmp_path: Path) -> None:
-    async with serve(tmp_path, max_live_sessions=1) as c:
+def _transcript(state: Path, session_id: str) -> bytes:
+    (path,) = (state / "claude" / "projects").glob(f"*/{session_id}.jsonl")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("wait", [0.0, 0.5])
+async def test_when_every_slot_runs_a_turn_the_call_is_live_sessions_exhausted(
+    tmp_path: Path, wait: float
+) -> None:
+    """At once with --live-session-wait 0; after the wait otherwise. A refused call leaves the
+    session as it was: its transcript untouched (nothing is readied for a process that never
+    starts)."""
+    async with serve(tmp_path, max_live_sessions=1, live_session_wait=wait) as c:
         busy, waiting = await c.create(), await c.create()
         point = prompt_id(await c.prompt(waiting.session_id, "write a.txt v0"))
-        long_turn = asyncio.create_task(c.prompt(busy.session_id, "sleep 3\nsay done"))
+        long_turn = asyncio.create_task(c.prompt(busy.session_id, "sleep 5\nsay done"))
         await c.wait_for_state(busy.session_id, session_pb2.SESSION_STATE_RUNNING)
+        before = _transcript(tmp_path, waiting.session_id)
         for call in (
             c.prompt(waiting.session_id, "say hello"),
             c.dry_run(waiting.session_id, point, FILES),
@@ -96,6 +108,7 @@ async def test_when_every_slot_runs_a_turn_the_call_is_live_sessions_exhausted(t
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             info = error_info(err.value)
             assert (info.reason, info.metadata["max_live_sessions"]) == ("LIVE_SESSIONS_EXHAUSTED", "1")
+        assert _transcript(tmp_path, waiting.session_id) == before
         # Reading needs no process; creating one more is not refused (it starts on first use).
         assert (await c.points(waiting.session_id)).points
         extra = await c.create()
@@ -104,6 +117,30 @@ async def test_when_every_slot_runs_a_turn_the_call_is_live_sessions_exhausted(t
         # Retryable: once the turn ended, the slot goes to whoever asks.
         events = await c.prompt(waiting.session_id, "say hello again")
         assert events[-1].result.result == "hello again"
+        assert len(cli_pids(config_dir=tmp_path / "claude")) == 1
+
+
+async def test_a_prompt_that_finds_every_slot_busy_waits_for_one_first_come_first_served(
+    tmp_path: Path,
+) -> None:
+    async with serve(tmp_path, max_live_sessions=1, live_session_wait=60) as c:
+        busy, first, second = await c.create(), await c.create(), await c.create()
+        long_turn = asyncio.create_task(c.prompt(busy.session_id, "sleep 2\nsay done"))
+        await c.wait_for_state(busy.session_id, session_pb2.SESSION_STATE_RUNNING)
+        answered: list[str] = []
+
+        async def ask(session_id: str, text: str) -> None:
+            events = await c.prompt(session_id, f"sleep 1\nsay {text}")
+            assert events[-1].result.result == text
+            answered.append(text)
+
+        waiting = [asyncio.create_task(ask(first.session_id, "first"))]
+        await asyncio.sleep(0.5)
+        waiting.append(asyncio.create_task(ask(second.session_id, "second")))
+        await asyncio.sleep(0.5)
+        assert not long_turn.done() and answered == [], "both wait while the slot runs a turn"
+        await asyncio.gather(long_turn, *waiting)
+        assert answered == ["first", "second"]
         assert len(cli_pids(config_dir=tmp_path / "claude")) == 1
 
 

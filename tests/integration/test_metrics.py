@@ -94,6 +94,7 @@ async def test_a_scrape_shows_what_the_service_did(tmp_path: Path) -> None:
     assert _value(after, "agent_rewind_sessions", state="idle") == 0
     assert _value(after, "agent_rewind_live_processes") == 0
     assert _value(after, "agent_rewind_live_processes_max") > 0
+    assert _value(after, "agent_rewind_live_processes_waiting") == 0
 
 
 async def test_the_health_port_answers_only_health_in_plaintext(tmp_path: Path) -> None:

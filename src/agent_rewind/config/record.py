@@ -88,6 +88,9 @@ class Config:
     max_watch_streams_per_principal: int = 100
     # Live CLI processes at most (each budgeted 320 MiB); 0: as many as the memory holds.
     max_live_sessions: int = 0
+    # Seconds a call that needs a live process waits for a slot when every one runs a turn (first
+    # come, first served), before LIVE_SESSIONS_EXHAUSTED; 0: refused at once.
+    live_session_wait: float = 30.0
     # The event log keeps events this many seconds and at most this many of them (0: no bound).
     event_retention: float = 30 * 24 * 3600.0
     event_retention_count: int = 1_000_000

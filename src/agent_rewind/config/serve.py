@@ -309,6 +309,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         default_help="0: (memory limit - 512 MiB) / 320 MiB",
     ),
     Flag(
+        "--live-session-wait",
+        "live_session_wait",
+        "seconds a prompt or rewind that needs a live process waits for one when every slot runs a turn "
+        "(first come, first served; at most 1,000 waiting) before LIVE_SESSIONS_EXHAUSTED; 0: refused at once",
+        convert=seconds,
+        metavar="S",
+    ),
+    Flag(
         "--event-retention",
         "event_retention",
         "seconds the event log keeps an event, 0 for no age bound; an older cursor is CURSOR_EXPIRED",

@@ -96,8 +96,9 @@ class Lifecycle:
     def _on_stderr(self, line: str) -> None:
         self._log.debug("cli stderr", line=line.rstrip())
 
-    async def ensure_client(self) -> AgentClient:
-        """The live client, started (or resumed) if needed. Call under the lock."""
+    async def ensure_client(self, *, wait: bool = True) -> AgentClient:
+        """The live client, started (or resumed) if needed. Call under the lock. `wait`: queue
+        for a live slot when every one is busy, rather than fail at once."""
         w = self._state
         w.check_not_deleted()
         client = w.process.client
@@ -106,15 +107,19 @@ class Lifecycle:
             return client
         if w.status.stopping:
             raise ShuttingDown()
-        spec = await self._spec()
-        if spec.resume and spec.resume_session_at:
-            await w.process.settle()  # no process of the session writes its transcript now
+
+        async def ready(spec: ClientSpec) -> ClientSpec:
+            """Run once the process has its slot (and no process of the session writes its
+            transcript): a start refused for want of a slot writes nothing."""
+            if not (spec.resume and spec.resume_session_at):
+                return spec
             # A leaf before the CLI's newest compaction is resumed through a copy of its
             # conversation (transcript/compaction.py), written now, before the CLI reads.
             at = await self._view.resume_point(spec.resume_session_at)
-            spec = replace(spec, resume_session_at=at)
             await asyncio.to_thread(pin_leaf, self._view.index().path, w.session_id, at)
-        client = await w.process.start(spec)
+            return replace(spec, resume_session_at=at)
+
+        client = await w.process.start(await self._spec(), ready=ready, wait=wait)
         if not w.record.started:
             await self._ctx.ledger.touch_session(w.session_id, started=True)
             w.record = replace(w.record, started=True)

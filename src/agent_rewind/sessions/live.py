@@ -4,15 +4,18 @@ A live CLI process holds about 220 MB, so a host runs only so many. A session ta
 moment it starts a process and gives it back once that process has exited (not when it is let
 go: until it exits it still holds its memory). When a session needs a slot and none is free, the
 least recently used session that can be hibernated now (no turn running, nothing holding its
-lock) gives its process back first; when every slot holds busy sessions, the call fails with
-LIVE_SESSIONS_EXHAUSTED instead of exceeding the bound.
+lock) gives its process back first; when every slot holds busy sessions, the call waits for one
+(--live-session-wait, first come first served), then fails with LIVE_SESSIONS_EXHAUSTED instead of
+exceeding the bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -53,46 +56,112 @@ def default_max_live(memory: int | None = None) -> int:
 
 
 class LiveSlots:
-    def __init__(self, capacity: int) -> None:
+    """The slots, their holders (least recently used first), and the calls waiting for one.
+
+    No lock is held while a holder hibernates (its process settling, its points written): two
+    calls that each need a slot hibernate two holders at once, each slot claimed for the call
+    whose eviction frees it, so a third never takes it in between. When no holder can hibernate
+    now (every slot runs a turn), a call waits its turn in one first-come, first-served queue for
+    at most `wait` seconds (a holder's process exiting wakes it; a turn's end is seen within
+    `_POLL`), then fails with LIVE_SESSIONS_EXHAUSTED; so does a call that finds `max_waiting`
+    calls queued already, at once."""
+
+    _POLL = 0.1  # seconds between a waiting call's looks for a holder that went idle
+
+    def __init__(self, capacity: int, *, wait: float = 0.0, max_waiting: int = 1000) -> None:
         if capacity < 1:
             raise ValueError("at least one live process is needed")
         self.capacity = capacity
+        self.wait = wait
+        self.max_waiting = max_waiting
         # Session id -> how to hibernate it; least recently used first.
         self._holders: OrderedDict[str, Evict] = OrderedDict()
-        self._lock = asyncio.Lock()
+        # Holders being hibernated, each for a call that has claimed the slot it frees.
+        self._evicting: set[str] = set()
+        self._claimed = 0
+        # The calls waiting for a slot, first come first: only the first looks for one.
+        self._queue: deque[object] = deque()
+        self._changed = asyncio.Event()
 
     @property
     def held(self) -> int:
         return len(self._holders)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
 
     def used(self, session_id: str) -> None:
         """The session was just used: it is the last to be hibernated for a slot."""
         if session_id in self._holders:
             self._holders.move_to_end(session_id)
 
-    async def acquire(self, session_id: str, evict: Evict) -> None:
-        """A slot for a process `session_id` is about to start (it has none running)."""
-        async with self._lock:
-            if session_id in self._holders:
-                self._holders.move_to_end(session_id)
-                return
-            while len(self._holders) >= self.capacity:
-                if not await self._evict_one(session_id):
+    async def acquire(self, session_id: str, evict: Evict, *, wait: bool = True) -> None:
+        """A slot for a process `session_id` is about to start (it has none running). `wait`:
+        queue for one when every slot is busy (else fail at once)."""
+        if session_id in self._holders:
+            self._holders.move_to_end(session_id)
+            return
+        if not self._queue and await self._take(session_id, evict):
+            return
+        if not wait or self.wait <= 0 or len(self._queue) >= self.max_waiting:
+            raise LiveSessionsExhausted(self.capacity)
+        ticket = object()
+        self._queue.append(ticket)
+        deadline = time.monotonic() + self.wait
+        started = time.monotonic()
+        try:
+            while True:
+                if self._queue[0] is ticket and await self._take(session_id, evict):
+                    log.info(
+                        "live slot after a wait",
+                        session_id=session_id,
+                        ms=round((time.monotonic() - started) * 1000),
+                    )
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise LiveSessionsExhausted(self.capacity)
-            self._holders[session_id] = evict
+                changed = self._changed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, self._POLL))
+        finally:
+            self._queue.remove(ticket)
+            self._signal()  # the next in line looks now
 
-    async def _evict_one(self, needed_by: str) -> bool:
-        for holder, evict in list(self._holders.items()):
-            if holder == needed_by:
+    async def _take(self, session_id: str, evict: Evict) -> bool:
+        """A slot for `session_id`: a free one, else one a holder that can hibernate now gives
+        back; False when every holder is busy."""
+        if session_id in self._holders:
+            self._holders.move_to_end(session_id)
+            return True
+        if len(self._holders) + self._claimed < self.capacity:
+            self._holders[session_id] = evict
+            return True
+        for holder, evict_holder in list(self._holders.items()):
+            if holder == session_id or holder in self._evicting or holder not in self._holders:
                 continue
-            if await evict():
+            self._evicting.add(holder)
+            self._claimed += 1
+            try:
+                freed = await evict_holder()
+            finally:
+                self._evicting.discard(holder)
+                self._claimed -= 1
+            if freed:
                 log.info("hibernated the least recently used session for a live slot", session_id=holder)
                 # Its process has exited; it released the slot then (a release that has not
                 # happened means the process outlives the session's let-go: free it here).
                 self._holders.pop(holder, None)
+                self._holders[session_id] = evict
                 return True
         return False
 
     def release(self, session_id: str) -> None:
         """The session's process has exited."""
-        self._holders.pop(session_id, None)
+        if self._holders.pop(session_id, None) is not None:
+            self._signal()
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()

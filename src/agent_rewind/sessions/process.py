@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_rewind import metrics, tasks
@@ -18,6 +18,8 @@ from agent_rewind.sessions.adapter import AgentClient, AgentError, ClientSpec
 from agent_rewind.sessions.live import Evict, LiveSlots
 
 ClientFactory = Callable[[ClientSpec], AgentClient]
+# Readies the session's files for the process about to start; returns the spec it starts with.
+Ready = Callable[[ClientSpec], Awaitable[ClientSpec]]
 
 
 class AgentProcess:
@@ -50,18 +52,29 @@ class AgentProcess:
     def pid(self) -> int | None:
         return self.client.pid if self.client is not None else None
 
-    async def start(self, spec: ClientSpec) -> AgentClient:
-        """A new process for `spec`, after any process let go before it has exited."""
+    async def start(self, spec: ClientSpec, *, ready: Ready | None = None, wait: bool = True) -> AgentClient:
+        """A new process for `spec`, after any process let go before it has exited. `ready`
+        readies the session's files for it and may change the spec: run once the process has its
+        slot, so that a start refused for want of one changes nothing. `wait`: queue for a slot
+        when every one is busy (`LiveSlots.acquire`)."""
         if self.stopped:
             raise ShuttingDown()
         if self.client is not None:
             self._log.warning("cli process gone; resuming the session in a new one")
             self.let_go()
         await self.settle()
-        if self._slots is not None and self._evict is not None:
-            await self._slots.acquire(self._session_id, self._evict)  # LIVE_SESSIONS_EXHAUSTED
-        started = time.perf_counter()
-        client = self._factory(spec)
+        slots = self._slots if self._evict is not None else None
+        if slots is not None and self._evict is not None:
+            await slots.acquire(self._session_id, self._evict, wait=wait)  # LIVE_SESSIONS_EXHAUSTED
+        try:
+            if ready is not None:
+                spec = await ready(spec)
+            started = time.perf_counter()
+            client = self._factory(spec)
+        except BaseException:
+            if slots is not None:  # no process holds it
+                slots.release(self._session_id)
+            raise
         self._slot_holder = client
         try:
             await client.start()

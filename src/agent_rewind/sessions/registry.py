@@ -307,7 +307,7 @@ class SessionRegistry:
             async with worker.exclusive():
                 if self._workers.get(worker.session_id) is not worker:
                     raise AgentUnavailable(worker.session_id, "its creation failed; create it again")
-                await worker.ensure_client()
+                await worker.ensure_client(wait=False)  # no creation waits for a slot
         except LiveSessionsExhausted:
             # Every live slot runs a turn: the session is created hibernated; its first use
             # starts it (or says LIVE_SESSIONS_EXHAUSTED, retryable, if still none is free).

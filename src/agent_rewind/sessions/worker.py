@@ -350,9 +350,10 @@ class SessionWorker:
 
     # The process (lifecycle.py)
 
-    async def ensure_client(self) -> AgentClient:
-        """The live client, started (or resumed) if needed. Call under the lock."""
-        return await self.lifecycle.ensure_client()
+    async def ensure_client(self, *, wait: bool = True) -> AgentClient:
+        """The live client, started (or resumed) if needed. Call under the lock. `wait`: queue
+        for a live slot when every one is busy, rather than fail at once."""
+        return await self.lifecycle.ensure_client(wait=wait)
 
     async def cut_conversation(self, target: str) -> None:
         """The conversation was cut just before the prompt `target` (a rewind). Call under the lock.

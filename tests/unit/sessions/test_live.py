@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agent_rewind.errors import LiveSessionsExhausted
@@ -71,3 +73,103 @@ def test_the_default_bound_is_what_the_memory_holds_beside_the_service() -> None
     assert default_max_live(256 << 20) == 1, "never less than one"
     with pytest.raises(ValueError):
         LiveSlots(0)
+
+
+class _Slow(_Session):
+    """A holder whose process takes a while to exit once let go, as a real one settling does;
+    `at_once` counts the hibernations in progress together."""
+
+    at_once: list[int] = [0, 0]  # now, most
+
+    async def evict(self) -> bool:
+        _Slow.at_once[0] += 1
+        _Slow.at_once[1] = max(_Slow.at_once)
+        try:
+            await asyncio.sleep(0.2)
+        finally:
+            _Slow.at_once[0] -= 1
+        return await super().evict()
+
+
+async def test_two_calls_hibernate_two_holders_at_once_and_each_gets_the_slot_it_freed() -> None:
+    """No lock is held across a hibernation: two slow evictions overlap, and no third call takes
+    a slot one of them freed."""
+    _Slow.at_once[:] = [0, 0]
+    slots = LiveSlots(2)
+    a, b = _Slow(slots, "a"), _Slow(slots, "b")
+    await a.take()
+    await b.take()
+    both = asyncio.gather(_Session(slots, "c").take(), _Session(slots, "d").take())
+    await asyncio.sleep(0.1)
+    with pytest.raises(LiveSessionsExhausted):  # both slots are claimed: none is free for e
+        await slots.acquire("e", _Session(slots, "e").evict, wait=False)
+    await both
+    assert _Slow.at_once[1] == 2, "the two hibernations overlapped"
+    assert (a.evicted, b.evicted) == (1, 1) and set(slots._holders) == {"c", "d"}
+
+
+async def test_a_call_waits_for_a_slot_first_come_first_served() -> None:
+    slots = LiveSlots(1, wait=5)
+    a = _Session(slots, "a", busy=True)
+    await a.take()
+    order: list[str] = []
+
+    async def take(name: str) -> None:
+        await _Session(slots, name, busy=True).take()
+        order.append(name)
+
+    waiting = [asyncio.ensure_future(take(n)) for n in "bcd"]
+    await asyncio.sleep(0.05)
+    assert slots.waiting == 3 and order == []
+    for holder in "abc":  # each holder's turn ends in turn: it hibernates for the next in line
+        await asyncio.sleep(0.05)
+        slots.release(holder)
+        await asyncio.sleep(0.05)
+    await asyncio.gather(*waiting)
+    assert order == ["b", "c", "d"] and slots.waiting == 0
+
+
+async def test_a_busy_holder_that_goes_idle_is_hibernated_for_a_waiting_call() -> None:
+    """No release wakes the waiting call: its poll sees the holder can hibernate now."""
+    slots = LiveSlots(1, wait=5)
+    a = _Session(slots, "a", busy=True)
+    await a.take()
+    b = asyncio.ensure_future(_Session(slots, "b").take())
+    await asyncio.sleep(0.25)
+    assert not b.done()
+    a.busy = False
+    await asyncio.wait_for(b, 1)
+    assert a.evicted == 1 and set(slots._holders) == {"b"}
+
+
+async def test_a_wait_is_bounded_in_time_and_in_length_and_a_cancelled_waiter_leaves_the_queue() -> None:
+    slots = LiveSlots(1, wait=0.3, max_waiting=2)
+    await _Session(slots, "a", busy=True).take()
+    started = asyncio.get_running_loop().time()
+    first = asyncio.ensure_future(_Session(slots, "b").take())
+    second = asyncio.ensure_future(_Session(slots, "c").take())
+    await asyncio.sleep(0.05)
+    with pytest.raises(LiveSessionsExhausted):  # the queue is full: refused at once
+        await _Session(slots, "d").take()
+    second.cancel()  # a caller that hung up
+    await asyncio.sleep(0.05)
+    assert slots.waiting == 1
+    with pytest.raises(LiveSessionsExhausted):
+        await first
+    assert 0.25 < asyncio.get_running_loop().time() - started < 1.0
+    assert slots.waiting == 0 and set(slots._holders) == {"a"}
+
+
+async def test_a_call_that_may_not_wait_is_refused_at_once_and_behind_a_queue_none_barges() -> None:
+    slots = LiveSlots(1, wait=5)
+    a = _Session(slots, "a", busy=True)
+    await a.take()
+    with pytest.raises(LiveSessionsExhausted):
+        await slots.acquire("b", _Session(slots, "b").evict, wait=False)
+    waiting = asyncio.ensure_future(_Session(slots, "c").take())
+    await asyncio.sleep(0.05)
+    slots.release("a")  # free: but c came first
+    late = asyncio.ensure_future(_Session(slots, "d", busy=True).take())
+    await asyncio.wait_for(waiting, 1)
+    assert set(slots._holders) == {"c"} and not late.done()
+    late.cancel()
