@@ -7,6 +7,7 @@ so a doc cannot drift from the code:
 - `flags` in docs/operations.md: every `serve` flag, its variable and default (config.SERVE_FLAGS);
 - `serve-help` and `rewind-help` in docs/cli.md: `agent-rewind serve --help` and
   `agent-rewind rewind --help` as they print, at 100 columns;
+- `errors-table` in docs/errors.md: the "what to do" of every reason (agent_rewind.errors.NEXT_STEPS);
 - `cli-memory` in docs/operations.md: what a live Claude Code process held when `make bench` last
   measured it (its table in docs/benchmarks.md, which `make bench ARGS=--update-docs` writes).
 """
@@ -17,6 +18,7 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from agent_rewind.cli import build_parser as build_cli_parser  # noqa: E402
 from agent_rewind.config import SERVE_FLAGS, build_parser  # noqa: E402
+from agent_rewind.errors import NEXT_STEPS  # noqa: E402
 
 
 def flag_table() -> str:
@@ -58,6 +61,26 @@ def rewind_help() -> str:
     # The parser of a client command is the one its parsed arguments name.
     args = build_cli_parser().parse_args(["rewind", "SESSION", "MESSAGE_ID", "--mode", "files"])
     return _help("rewind", args.subparser)
+
+
+ERRORS_PAGE = ROOT / "docs" / "errors.md"
+
+
+def errors_table() -> str:
+    """docs/errors.md's table of reasons, its "what to do" column from NEXT_STEPS (the status and
+    "when" columns are the page's own; tests/unit/rpc/test_errors.py checks the statuses)."""
+    text = ERRORS_PAGE.read_text()
+    begin, end = region(text, "errors-table")
+    header, rule, *rows = text[begin:end].splitlines()
+    fresh = [header, rule]
+    for row in rows:
+        match = re.match(r"^\| `[A-Z_]+` \| `([A-Z_]+)` \| ", row)
+        if match is None:
+            raise ValueError(f"docs/errors.md: not a row of the table: {row!r}")
+        if match.group(1) not in NEXT_STEPS:
+            raise LookupError(f"agent_rewind.errors.NEXT_STEPS says nothing of {match.group(1)}")
+        fresh.append(f"{row.removesuffix(' |').rsplit(' | ', 1)[0]} | {NEXT_STEPS[match.group(1)]} |")
+    return "\n".join(fresh) + "\n"
 
 
 def _bench_row(label: str) -> dict[str, str]:
@@ -97,6 +120,7 @@ BLOCKS = {
     "serve-help": (ROOT / "docs" / "cli.md", serve_help),
     "rewind-help": (ROOT / "docs" / "cli.md", rewind_help),
     "cli-memory": (ROOT / "docs" / "operations.md", cli_memory),
+    "errors-table": (ERRORS_PAGE, errors_table),
 }
 
 

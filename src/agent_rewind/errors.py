@@ -358,3 +358,71 @@ class FilesUnavailable(StorageUnavailable):
 
     def __init__(self, detail: str) -> None:
         AgentRewindError.__init__(self, f"the service could not write the workspace's files: {detail}; retry")
+
+
+# What to do next, by reason: docs/errors.md's "what to do" column is this table (`make docs`
+# writes it there), and the CLI says it under a refusal. Markdown: `code`, [page](link) under docs/.
+NEXT_STEPS: dict[str, str] = {
+    "SESSION_NOT_FOUND": "check the id; `ListSessions`",
+    "MESSAGE_NOT_FOUND": "`ListRewindPoints` again",
+    "NOT_A_REWIND_POINT": "pick a prompt from `ListRewindPoints`",
+    "INVALID_ARGUMENT": "correct the field it names, and send the request again",
+    "TURN_IN_FLIGHT": "wait for the result, `Interrupt`, or `CloseSession` with `force`",
+    "NO_CONVERSATION_ANCHOR": "rewind its files only (files mode), or start a new session",
+    "FILE_CHECKPOINT_UNAVAILABLE": (
+        "rewind the conversation only (conversation mode), or the files to a point with a workspace snapshot"
+    ),
+    "CHECKPOINTING_DISABLED": "rewind the conversation only (conversation mode)",
+    "REWIND_CONFLICT": "re-read, decide again, retry",
+    "REQUEST_ID_REUSED": "a new `request_id`",
+    "PERMISSION_DENIED": "ask for the permission",
+    "UNAUTHENTICATED": "authenticate",
+    "WORKSPACE_OUTSIDE_ROOT": (
+        "a path under `--workspace-root`; put the workspace back as the directory it was"
+    ),
+    "AGENT_UNAVAILABLE": (
+        "retry: the next call resumes the session in a new process; the unknown-tools case needs the "
+        "operator (move the SDK pin back, or teach `sessions/tools.py` the tool)"
+    ),
+    "CURSOR_EXPIRED": (
+        "rebuild what you mirror from `ListSessions`/`ListRewindPoints`, then watch with "
+        "`after_cursor` = `oldest_cursor` - 1 ([events.md](events.md))"
+    ),
+    "SUBSCRIBER_TOO_SLOW": (
+        "watch again with your stored cursor (or `last_cursor`, everything up to which was sent)"
+    ),
+    "SESSION_ALREADY_EXISTS": "`GetSession`, or pass the same `request_id` to retry safely",
+    "SHUTTING_DOWN": (
+        "retry against another replica, or after the restart; a watcher reconnects with its cursor"
+    ),
+    "UNIMPLEMENTED": "feature-detect first",
+    "OPTION_NOT_ALLOWED": "drop the option, or ask the operator",
+    "PATH_OUTSIDE_WORKSPACE": "name files and directories relative to the workspace, inside it",
+    "WORKSPACE_IN_USE": "another directory, or none (a fresh one)",
+    "LIVE_SESSIONS_EXHAUSTED": "retry with backoff",
+    "EXTERNAL_CHANGES": "`DryRun` lists them; retry with `conflict_policy` skip or overwrite",
+    "REVERT_CONFLICT": (
+        "`DryRun` lists them as conflicts; retry with `conflict_policy` skip (leave them) or "
+        "overwrite (put them back as before the turn)"
+    ),
+    "FILES_PRUNED": (
+        "a conversation rewind to it (still works), or a files rewind to a point that is not "
+        "`files_pruned` ([rewind.md](rewind.md#retention))"
+    ),
+    "UNDO_UNAVAILABLE": "nothing to undo; rewind again instead",
+    "SNAPSHOT_UNAVAILABLE": (
+        "a point with `snapshot_available`; a conversation rewind; for a fork, the whole session "
+        "(empty `message_id`)"
+    ),
+    "REPLICA_UNAVAILABLE": (
+        "retry with backoff, with the same `request_id` for calls that change something; a replica "
+        "that comes back serves its sessions again, and with shared storage another replica takes "
+        "them over after about a lease ([scaling.md](scaling.md))"
+    ),
+    "QUOTA_EXCEEDED": (
+        "retry once the principal uses less; for storage, rewind, undo or delete to free some (never "
+        "refused for storage); for the reserve, free space on that volume"
+    ),
+    "STORAGE_UNAVAILABLE": "retry with backoff; free the disk",
+    "INTERNAL": "report it",
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,6 +11,8 @@ from google.protobuf.message import DecodeError
 # googleapis-common-protos ships .pyi stubs but no py.typed marker; the second code keeps this line
 # clean once mypy is told to follow google.rpc's stubs (follow_untyped_imports).
 from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
+
+from agent_rewind.errors import NEXT_STEPS
 
 # Where gRPC carries the google.rpc.Status of a failed call (the same key grpc_status reads).
 _DETAILS_KEY = "grpc-status-details-bin"
@@ -104,6 +107,20 @@ _REASON_HINTS: dict[str, Callable[[Mapping[str, str], int | None], str]] = {
 }
 
 
+def next_step(reason: str) -> str | None:
+    """What to do after a refusal with this reason (agent_rewind.errors.NEXT_STEPS, the table
+    docs/errors.md shows), its links to other pages as the paths of those pages."""
+    step = NEXT_STEPS.get(reason)
+    return None if step is None else re.sub(r"\[[^\]]*\]\(([^)#]+)[^)]*\)", r"docs/\1", step)
+
+
+def refusal_hint(reason: str, metadata: Mapping[str, str]) -> str | None:
+    """What to do after a refusal: in this CLI's terms for a reason it has flags for, else the
+    service's `next_step`."""
+    cli_hint = _REASON_HINTS.get(reason)
+    return cli_hint(metadata, None) if cli_hint is not None else next_step(reason)
+
+
 def code_name(code: int) -> str:
     """`5` -> `NOT_FOUND`."""
     try:
@@ -192,9 +209,10 @@ def render_status(
 
     A server that cannot be reached, and a call refused as UNAUTHENTICATED or PERMISSION_DENIED, are
     one line with a hint. `tls` says whether the call went over TLS (for the hint to a failed handshake).
-    A watch that ended with CURSOR_EXPIRED or SUBSCRIBER_TOO_SLOW gets a last `hint:` line saying how
-    to go on; `resume_after`, the last cursor a watch printed, gives any other failure of it the line
-    `hint: resume with --after N`.
+    A refusal gets a last `hint:` line saying what to do next: for a reason this CLI has flags for
+    (a watch that ended with CURSOR_EXPIRED or SUBSCRIBER_TOO_SLOW, conflicts) in its terms, else
+    the service's (`next_step`); `resume_after`, the last cursor a watch printed, gives any other
+    failure of it the line `hint: resume with --after N`.
     """
     lines = _render(status, server=server, tls=tls)
     info = error_info(status)
@@ -203,6 +221,9 @@ def render_status(
         lines.append(f"hint: {reason_hint(info.metadata, resume_after)}")
     elif resume_after is not None:
         lines.append(f"hint: resume with --after {resume_after} (the last cursor printed)")
+    elif info is not None and status.code not in _AUTH_HINTS and (step := next_step(info.reason)):
+        # (The auth refusals are one line that ends with their own hint.)
+        lines.append(f"hint: {step}")
     return lines
 
 

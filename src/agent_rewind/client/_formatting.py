@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_pb2
 
+from ._errors import refusal_hint
 from ._parsing import mode_name, scope_name
 
 PREVIEW = 60  # characters of prompt text a table shows
@@ -221,6 +222,12 @@ def _refusal_lines(half: str, can_rewind: bool, refusal: rewind_pb2.Refusal, pad
     return lines
 
 
+def _hint_lines(refusal: rewind_pb2.Refusal, pad: str) -> list[str]:
+    """What to do after a refused half, last in its block."""
+    hint = refusal_hint(refusal.reason, refusal.metadata)
+    return [f"{pad}hint: {hint}"] if hint else []
+
+
 _SOURCES = {
     rewind_pb2.FILES_SOURCE_SNAPSHOT: "from the workspace snapshot",
     rewind_pb2.FILES_SOURCE_CHECKPOINT: "from the CLI's checkpoints",
@@ -325,6 +332,7 @@ def format_rewind_result(
         if files.source in _SOURCES:
             lines.append(f"{pad}{_SOURCES[files.source]}")
         lines.extend(_conflict_lines(files.conflicts, pad, revert=revert))
+        lines.extend(_hint_lines(files.refusal, pad))
     else:
         changed = len(files.files_changed)
         noun = "file" if changed == 1 else "files"
@@ -341,6 +349,7 @@ def format_rewind_result(
         lines.append(f"{'conversation':<17}not requested")
     elif conv.refusal.reason:
         lines.extend(_refusal_lines("conversation", conv.can_rewind, conv.refusal, pad))
+        lines.extend(_hint_lines(conv.refusal, pad))
     else:
         lines.append(
             f"{'conversation':<17}can_rewind: {yes_no(conv.can_rewind)} · rewound: {yes_no(conv.rewound)}"

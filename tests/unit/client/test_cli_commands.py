@@ -319,6 +319,8 @@ def test_an_error_mid_stream_keeps_what_was_printed_and_exits_1(
     assert captured.err.splitlines() == [
         "error: UNAVAILABLE AGENT_UNAVAILABLE: the agent died",
         f"  session_id: {SID}",
+        "hint: retry: the next call resumes the session in a new process; the unknown-tools case needs the "
+        "operator (move the SDK pin back, or teach `sessions/tools.py` the tool)",
     ]
 
 
@@ -332,6 +334,7 @@ def test_not_found_exits_1_with_the_reason_on_stderr(
     assert captured.err.splitlines() == [
         "error: NOT_FOUND SESSION_NOT_FOUND: session 'nope' not found",
         "  session_id: nope",
+        "hint: check the id; `ListSessions`",
     ]
 
 
@@ -561,6 +564,7 @@ def test_rewind_conflict_shows_the_actual_last_message(
     assert capsys.readouterr().err.splitlines() == [
         "error: ABORTED REWIND_CONFLICT: expected_last_message_id is stale",
         "  last_message_id: last-2",
+        "hint: re-read, decide again, retry",
     ]
 
 
@@ -822,6 +826,7 @@ def test_watch_of_an_unknown_session_exits_1_without_a_resume_hint(
     assert capsys.readouterr().err.splitlines() == [
         "error: NOT_FOUND SESSION_NOT_FOUND: session 'nope' not found",
         "  session_id: nope",
+        "hint: check the id; `ListSessions`",
     ]
 
 

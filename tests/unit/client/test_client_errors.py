@@ -10,6 +10,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from agent_rewind.client import code_name, is_unreachable, render_rpc_error, render_status, status_from_error
+from agent_rewind.client._errors import next_step
+from agent_rewind.errors import NEXT_STEPS
 
 DOMAIN = "agent-rewind.v1"
 
@@ -57,7 +59,30 @@ def test_reason_message_and_sorted_metadata() -> None:
         "error: ABORTED REWIND_CONFLICT: expected_last_message_id 'a' is stale: the newest visible message is 'b'",
         "  expected_last_message_id: a",
         "  last_message_id: b",
+        "hint: re-read, decide again, retry",
     ]
+
+
+def test_a_refusal_ends_with_what_to_do_next_from_the_table_the_errors_page_shows() -> None:
+    status = make_status(
+        code_pb2.FAILED_PRECONDITION,
+        "message 'p0' is the session's first prompt: there is no earlier message to resume the conversation at",
+        error_details_pb2.ErrorInfo(
+            reason="NO_CONVERSATION_ANCHOR", domain="agent-rewind.v1", metadata={"message_id": "p0"}
+        ),
+    )
+    lines = render_status(status)
+    assert lines[-1] == f"hint: {NEXT_STEPS['NO_CONVERSATION_ANCHOR']}"
+    assert lines[-1] == "hint: rewind its files only (files mode), or start a new session"
+
+
+def test_a_hints_links_to_other_pages_become_their_paths() -> None:
+    assert "([events.md](events.md))" in NEXT_STEPS["CURSOR_EXPIRED"]
+    assert next_step("CURSOR_EXPIRED") == NEXT_STEPS["CURSOR_EXPIRED"].replace(
+        "([events.md](events.md))", "(docs/events.md)"
+    )
+    assert next_step("FILES_PRUNED").endswith("(docs/rewind.md)")
+    assert next_step("NOT_A_REASON") is None
 
 
 def test_bad_request_field_violations_follow_the_metadata() -> None:
@@ -77,6 +102,7 @@ def test_bad_request_field_violations_follow_the_metadata() -> None:
     assert render_status(status) == [
         "error: INVALID_ARGUMENT INVALID_ARGUMENT: session_id: not a UUID",
         "  field page_size: at most 1000",
+        "hint: correct the field it names, and send the request again",
     ], "what the message says is not said again"
 
 
@@ -96,7 +122,8 @@ def test_a_field_error_is_said_once() -> None:
         ),
     )
     assert render_status(status) == [
-        "error: INVALID_ARGUMENT INVALID_ARGUMENT: options.max_turns: must be an integer from 1 to 100000"
+        "error: INVALID_ARGUMENT INVALID_ARGUMENT: options.max_turns: must be an integer from 1 to 100000",
+        "hint: correct the field it names, and send the request again",
     ]
 
 
@@ -115,6 +142,7 @@ def test_metadata_a_violation_does_not_name_is_kept() -> None:
         "error: INVALID_ARGUMENT INVALID_ARGUMENT: two fields are wrong",
         "  field: cwd",
         "  field page_size: too big",
+        "hint: correct the field it names, and send the request again",
     ]
 
 
@@ -160,6 +188,8 @@ def test_retry_info_is_shown_for_a_retryable_agent_failure() -> None:
         "error: UNAVAILABLE AGENT_UNAVAILABLE: the agent process died",
         "  session_id: s",
         "  retry after 1.5s",
+        "hint: retry: the next call resumes the session in a new process; the unknown-tools case needs the "
+        "operator (move the SDK pin back, or teach `sessions/tools.py` the tool)",
     ]
 
 
@@ -196,6 +226,7 @@ def test_rpc_error_details_come_from_the_trailing_metadata() -> None:
     assert render_rpc_error(error) == [
         "error: NOT_FOUND SESSION_NOT_FOUND: session 'x' not found",
         "  session_id: x",
+        "hint: check the id; `ListSessions`",
     ]
 
 
@@ -207,7 +238,10 @@ def test_rpc_error_whose_status_disagrees_with_the_header_still_renders_the_deta
     error = FakeRpcError(
         grpc.StatusCode.NOT_FOUND, "from header", [("grpc-status-details-bin", status.SerializeToString())]
     )
-    assert render_rpc_error(error) == ["error: NOT_FOUND MESSAGE_NOT_FOUND: from details"]
+    assert render_rpc_error(error) == [
+        "error: NOT_FOUND MESSAGE_NOT_FOUND: from details",
+        "hint: `ListRewindPoints` again",
+    ]
 
 
 def test_rpc_error_without_details_uses_code_and_details() -> None:

@@ -449,6 +449,8 @@ def test_refused_half_shows_reason_message_and_metadata_and_the_other_half_not_r
         "files            can_rewind: no · refused FILE_CHECKPOINT_UNAVAILABLE: no checkpoint",
         "                   message_id: p0",
         "                   sdk_error: gone",
+        "                 hint: rewind the conversation only (conversation mode), or the files to a point "
+        "with a workspace snapshot",
         "conversation     not requested",
         "rewind_id        - (dry run: nothing was applied)",
         "last_message_id  -",
@@ -584,6 +586,20 @@ def test_files_from_the_cli_checkpoints_without_diffs_add_nothing_but_the_source
     ]
 
 
+def test_a_refused_conversation_half_says_what_to_do_next() -> None:
+    result = rewind_pb2.RewindResult(
+        conversation=rewind_pb2.ConversationRewindResult(
+            requested=True,
+            refusal=rewind_pb2.Refusal(reason="NO_CONVERSATION_ANCHOR", message="the first prompt"),
+        ),
+    )
+    lines = format_rewind_result(result, rewind_pb2.REWIND_MODE_CONVERSATION, dry_run=True).splitlines()
+    assert lines[1:3] == [
+        "conversation     can_rewind: no · refused NO_CONVERSATION_ANCHOR: the first prompt",
+        "                 hint: rewind its files only (files mode), or start a new session",
+    ]
+
+
 def test_files_refused_for_external_changes_lists_the_conflicts_and_the_source() -> None:
     result = rewind_pb2.RewindResult(
         files=rewind_pb2.FilesRewindResult(
@@ -601,6 +617,8 @@ def test_files_refused_for_external_changes_lists_the_conflicts_and_the_source()
         "                 from the workspace snapshot",
         "                 1 conflict (also changed outside the agent):",
         "                   notes.txt: refused (the files half is refused: nothing is applied)",
+        "                 hint: see them with --dry-run (--diff for the changes), then rewind with "
+        "--conflicts skip (leave those paths as they are) or --conflicts overwrite",
         "conversation     can_rewind: yes · rewound: no · messages dropped: 2",
         "rewind_id        - (dry run: nothing was applied)",
         "last_message_id  -",
@@ -675,6 +693,9 @@ def test_a_refused_revert_lists_its_conflicts_as_refusing_the_revert() -> None:
         "                 from the workspace snapshot",
         "                 1 conflict (changed since in the lines the turn changed, or as a whole):",
         "                   a.txt: refused (the revert is refused: nothing is applied)",
+        "                 hint: see them with --dry-run (--diff for what the revert would apply), then "
+        "revert with --conflicts skip (leave those files as they are) or --conflicts overwrite (put them "
+        "back as they were before the turn; what changed since is lost)",
         "conversation     not requested",
         "rewind_id        - (dry run: nothing was applied)",
         "last_message_id  a9",

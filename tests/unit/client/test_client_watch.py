@@ -197,6 +197,7 @@ def test_without_a_cursor_printed_other_errors_are_rendered_as_before() -> None:
     assert render_status(status) == [
         "error: NOT_FOUND SESSION_NOT_FOUND: session 'x' not found",
         "  session_id: x",
+        "hint: check the id; `ListSessions`",
     ]
 
 

@@ -338,6 +338,8 @@ def test_an_unavailable_service_is_told_apart_from_an_unreachable_one() -> None:
     assert render_rpc_error(error, server="wire.test:443") == [
         "error: UNAVAILABLE AGENT_UNAVAILABLE: the Claude Code process died",
         "  retry after 1s",
+        "hint: retry: the next call resumes the session in a new process; the unknown-tools case needs the "
+        "operator (move the SDK pin back, or teach `sessions/tools.py` the tool)",
     ]
     error = _get_session_fails_with((), grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
     (line,) = render_rpc_error(error, server="wire.test:443")

@@ -207,6 +207,8 @@ def test_a_turn_failing_midway_keeps_what_was_printed_and_renders_the_agents_fai
     assert capsys.readouterr().err.splitlines() == [
         "error: UNAVAILABLE AGENT_UNAVAILABLE: the Claude Code process died",
         "  retry after 1s",
+        "hint: retry: the next call resumes the session in a new process; the unknown-tools case needs the "
+        "operator (move the SDK pin back, or teach `sessions/tools.py` the tool)",
     ]
 
 

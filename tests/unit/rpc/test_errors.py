@@ -13,8 +13,15 @@ import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from agent_rewind import errors
-from agent_rewind.errors import AgentRewindError, InvalidArgument
-from agent_rewind.rpc.errors import DOMAIN, abort, abort_internal, internal_status, to_status
+from agent_rewind.errors import NEXT_STEPS, AgentRewindError, InvalidArgument
+from agent_rewind.rpc.errors import (
+    DOMAIN,
+    STATUS_BY_REASON,
+    abort,
+    abort_internal,
+    internal_status,
+    to_status,
+)
 from tests import contract
 
 # The contract's Errors table (API.md), read from the contract itself: reason -> status.
@@ -261,3 +268,9 @@ def test_the_errors_page_lists_every_reason_with_the_status_served() -> None:
     assert rows.keys() == EXPECTED.keys(), "docs/errors.md must list exactly the reasons the service maps"
     wrong = {r: s for r, s in rows.items() if getattr(code_pb2, s) != EXPECTED[r]}
     assert not wrong, f"docs/errors.md gives another status than the service serves: {wrong}"
+
+
+def test_every_reason_the_service_maps_says_what_to_do_next() -> None:
+    """NEXT_STEPS is docs/errors.md's "what to do" column (`make docs`) and the CLI's hints."""
+    assert NEXT_STEPS.keys() == STATUS_BY_REASON.keys()
+    assert all(step.strip() for step in NEXT_STEPS.values())
