@@ -317,11 +317,7 @@ def run(tour: Tour) -> None:
         tour.check("notes.txt" not in show_workspace(cwd), "notes.txt is gone")
     tour.command("undo", sid, emptied.rewind_id)
     undone = client.undo(sid, emptied.rewind_id)
-    print(
-        format_rewind_result(undone, files_mode, dry_run=False).replace(
-            "rewind_id       ", "undid           ", 1
-        )
-    )
+    print(format_rewind_result(undone, files_mode, dry_run=False, undo=True))
     print()
     tour.check(undone.rewind_id == emptied.rewind_id, "the undo names the rewind it undid")
     if local:
