@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -96,3 +97,11 @@ def test_make_lint_fails_on_a_missing_option_before_buf_says_anything(
     monkeypatch.setattr(lint_protos, "ensure_buf", lambda: fake_buf)
     assert lint_protos.main() == 1
     assert "rewind_service.proto: option csharp_namespace is missing" in capsys.readouterr().err
+
+
+def test_generating_clients_md_shows_the_pinned_values() -> None:
+    # Its table of options: | `go_package` | `github.com/...` | ... (java_outer_classname is described).
+    table = (ROOT / "docs" / "generating-clients.md").read_text()
+    shown = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", table, re.MULTILINE))
+    pinned = {name: "true" if value is True else value for name, value in lint_protos.FILE_OPTIONS.items()}
+    assert shown == pinned

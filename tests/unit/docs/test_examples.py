@@ -30,3 +30,12 @@ def test_the_webhook_receivers_in_events_md_are_the_tested_examples() -> None:
     assert python == (ROOT / "docs" / "examples" / "webhook_receiver.py").read_text()
     [node] = [b for b in _blocks(doc, "javascript") if "standardwebhooks" in b]
     assert node == (ROOT / "docs" / "examples" / "webhook-receiver" / "receiver.mjs").read_text()
+
+
+def test_the_typescript_example_in_generating_clients_md_is_the_tested_example() -> None:
+    doc = ROOT / "docs" / "generating-clients.md"
+    example = ROOT / "docs" / "examples" / "typescript-client"
+    [config] = [b for b in _blocks(doc, "yaml") if "local: protoc-gen-es" in b]
+    assert config == (example / "buf.gen.yaml").read_text()
+    [client] = [b for b in _blocks(doc, "javascript") if "createGrpcTransport" in b]
+    assert client == (example / "client.mjs").read_text()
