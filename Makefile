@@ -43,7 +43,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format src tests scripts benchmarks docs/examples
 	$(VENV)/bin/ruff check --fix src tests scripts benchmarks docs/examples
 
-proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 from protos/
+proto: $(STAMP)  ## regenerate src/agent_rewind/api/v1 and the Node client's copy (clients/node/protos) from protos/
 	$(PY) scripts/gen_protos.py
 
 docs: $(STAMP)  ## regenerate what the docs show as the code's output (flag table, --help)
