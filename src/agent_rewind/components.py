@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from agent_rewind import logs, metrics, tracing
 from agent_rewind.access import AccessFile
-from agent_rewind.config import Config
+from agent_rewind.config import SERVE_FLAGS, Config
 from agent_rewind.errors import StorageUnavailable
 from agent_rewind.events import EventHub
 from agent_rewind.metrics import MetricsServer
@@ -87,11 +88,51 @@ def cli_environment(config: Config, model: ScriptedModel | None) -> dict[str, st
     )
 
 
+# The Config fields of the files the service reads, each set by a `serve` flag.
+FILE_FIELDS = (
+    "access_file",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "replica_ca",
+    "database_password_file",
+    "webhook_secret_file",
+)
+
+
 def service_files(config: Config) -> list[Path]:
     """The service's own files and directories, which no command of an agent may read."""
-    files = [config.access_file, config.tls_cert, config.tls_key, config.tls_client_ca, config.replica_ca]
-    files.extend((config.database_password_file, config.webhook_secret_file))
+    files = [getattr(config, field) for field in FILE_FIELDS]
     return [config.state_dir, *config.workspace_roots, *(f for f in files if f is not None)]
+
+
+def check_files_readable(config: Config) -> None:
+    """Every file a flag names can be read by this process, or a one-line StartError names the
+    flag, its environment variable, the path, and the uid and gid that must read it.
+
+    A Secret mounted with an owner or mode the image's user (uid 10001) cannot read is the usual
+    cause; a bare `[Errno 13] Permission denied: PATH` names neither the setting nor the user.
+    """
+    flags = {flag.config_field: flag for flag in SERVE_FLAGS}
+    for field in FILE_FIELDS:
+        path: Path | None = getattr(config, field)
+        if path is None:
+            continue
+        try:
+            # Not blocking on a FIFO; a directory opens, so its type is checked too.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                problem = "is a directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else None
+            finally:
+                os.close(fd)
+        except OSError as err:
+            problem = (err.strerror or str(err)).lower()
+        if problem is not None:
+            flag = flags[field]
+            raise StartError(
+                f"{flag.name} (or {flag.env_var}) {path}: {problem}; the server runs as uid "
+                f"{os.getuid()}, gid {os.getgid()}, which must be able to read it"
+            )
 
 
 async def open_sandbox(

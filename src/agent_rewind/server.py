@@ -202,6 +202,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         logs.secret(os.environ.get(variable, ""))
     check_transport(config)
     check_replicas(config)
+    components.check_files_readable(config)
     webhooks = components.webhook_keys(config)
     try:
         access = AccessFile(config.access_file) if config.access_file is not None else None

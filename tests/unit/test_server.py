@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from agent_rewind import server
+from agent_rewind import components, server
 from agent_rewind.config import Config
 from agent_rewind.server import choose_backend, cli_environment, default_factory
 
@@ -191,3 +192,87 @@ def test_shared_storage_is_refused_without_a_shared_database(tmp_path: Path) -> 
     server.check_replicas(
         Config(state_dir=tmp_path, shared_storage=True, database_url="postgresql://db/x").resolved()
     )
+
+
+# the files the flags name, checked at start
+
+
+def _check_files_as(uid: int, config: Config) -> str:
+    """check_files_readable's StartError message ("" when none) in a child process running as
+    `uid`: root reads every file, so a test run as root drops to another user to meet a file
+    that user cannot read, as the image's uid 10001 meets a Secret mounted for root."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.close(read)
+            if os.getuid() != uid:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            try:
+                components.check_files_readable(config)
+                message = ""
+            except server.StartError as err:
+                message = str(err)
+            os.write(write, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.fixture
+def secrets_dir() -> Any:
+    # Not under tmp_path, whose parents only root may enter: the other user must reach the files.
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        Path(directory).chmod(0o755)
+        yield Path(directory)
+
+
+def test_a_key_the_service_user_cannot_read_is_a_start_error_naming_the_flag_variable_and_uid(
+    secrets_dir: Path, tmp_path: Path
+) -> None:
+    cert, key = secrets_dir / "tls.crt", secrets_dir / "tls.key"
+    cert.write_text("cert")
+    key.write_text("key")
+    cert.chmod(0o644)
+    key.chmod(0o644)
+    uid = 65534 if os.getuid() == 0 else os.getuid()
+    config = Config(state_dir=tmp_path, tls_cert=cert, tls_key=key).resolved()
+    assert _check_files_as(uid, config) == ""  # the same files, readable: the user reaches them
+    key.chmod(0o600 if os.getuid() == 0 else 0o000)
+    assert _check_files_as(uid, config) == (
+        f"--tls-key (or AGENT_REWIND_TLS_KEY) {key}: permission denied; the server runs as "
+        f"uid {uid}, gid {uid if os.getuid() == 0 else os.getgid()}, which must be able to read it"
+    )
+
+
+def test_a_missing_access_file_and_a_directory_are_start_errors_naming_their_flags(tmp_path: Path) -> None:
+    missing = tmp_path / "access.json"
+    with pytest.raises(server.StartError) as err:
+        components.check_files_readable(Config(state_dir=tmp_path, access_file=missing).resolved())
+    assert str(err.value).startswith(
+        f"--access-file (or AGENT_REWIND_ACCESS_FILE) {missing}: no such file or directory; "
+        f"the server runs as uid {os.getuid()}"
+    )
+    with pytest.raises(
+        server.StartError, match=r"^--tls-client-ca \(or AGENT_REWIND_TLS_CLIENT_CA\) .*: is a directory;"
+    ):
+        components.check_files_readable(Config(state_dir=tmp_path, tls_client_ca=tmp_path).resolved())
+
+
+async def test_the_start_checks_the_files_before_reading_them(tmp_path: Path) -> None:
+    cert = tmp_path / "tls.crt"
+    cert.write_text("cert")
+    config = Config(
+        state_dir=tmp_path / "state", listen="127.0.0.1:0", tls_cert=cert, tls_key=tmp_path / "tls.key"
+    ).resolved()
+    with pytest.raises(
+        server.StartError, match=r"^--tls-key \(or AGENT_REWIND_TLS_KEY\) .*tls\.key: no such file"
+    ):
+        await server.start(config)
+    assert not (tmp_path / "state").exists(), "refused before anything was made"
