@@ -18,17 +18,17 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from agent_rewind import components, logs, tasks
+from agent_rewind import agents, components, logs, tasks
 from agent_rewind.access import AccessFile, AccessFileError
+from agent_rewind.agents import cli_environment as cli_environment
+from agent_rewind.agents import default_factory as default_factory
 from agent_rewind.api.v1 import (
     rewind_service_pb2,
     session_service_pb2,
 )
 from agent_rewind.components import SidePorts as SidePorts
-from agent_rewind.components import StartError as StartError
-from agent_rewind.components import cli_environment as cli_environment
-from agent_rewind.components import default_factory as default_factory
-from agent_rewind.config import CREDENTIAL_VARIABLES, Config
+from agent_rewind.config import CREDENTIAL_VARIABLES, Config, check_files_readable
+from agent_rewind.config import StartError as StartError
 from agent_rewind.events import EventHub
 from agent_rewind.logs import configure
 from agent_rewind.replicas import Membership, Owners
@@ -202,7 +202,7 @@ async def start(config: Config, client_factory: ClientFactory | None = None) -> 
         logs.secret(os.environ.get(variable, ""))
     check_transport(config)
     check_replicas(config)
-    components.check_files_readable(config)
+    check_files_readable(config)
     webhooks = components.webhook_keys(config)
     try:
         access = AccessFile(config.access_file) if config.access_file is not None else None
@@ -268,9 +268,9 @@ async def _make(
         if worker is not None:
             worker.reached(host, port)
 
-    sandbox, proxy = await components.open_sandbox(made, config, reached=reached)
-    confinement = await components.open_cli_confinement(config)
-    model = components.start_model(made, backend)
+    sandbox, proxy = await agents.open_sandbox(made, config, reached=reached)
+    confinement = await agents.open_cli_confinement(config)
+    model = agents.start_model(made, backend)
     reserve = await components.open_reserve(made, config)
     ledger = await components.open_ledger(made, config, on_full=reserve.release)
     caches = ServiceCaches()
@@ -337,7 +337,7 @@ async def _make(
         secret = (await ledger.secret("replica_forwarding")).hex()
     ctx = WorkerContext(
         ledger=ledger,
-        client_factory=client_factory or components.default_factory(config, sandbox, proxy, confinement),
+        client_factory=client_factory or agents.default_factory(config, sandbox, proxy, confinement),
         cli_env=cli_environment(config, model),
         claude_config_dir=config.claude_config_dir,
         idle_timeout=config.idle_timeout,

@@ -22,7 +22,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"sessions"}),
     frozenset({"rewind"}),
     frozenset({"rpc", "testing"}),
-    frozenset({"components", "server"}),
+    frozenset({"agents", "components", "server"}),
     frozenset({"cli"}),
 )
 # What knows nothing of the wire: only the RPC layer (and the composition and tools above it)

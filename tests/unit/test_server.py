@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent_rewind import components, server
-from agent_rewind.config import Config
+from agent_rewind import server
+from agent_rewind.config import Config, check_files_readable
 from agent_rewind.server import choose_backend, cli_environment, default_factory
 
 SCRIPTED_URL = "http://127.0.0.1:43210"
@@ -211,10 +211,12 @@ def _check_files_as(uid: int, config: Config) -> str:
                 os.setgid(uid)
                 os.setuid(uid)
             try:
-                components.check_files_readable(config)
+                check_files_readable(config)
                 message = ""
             except server.StartError as err:
                 message = str(err)
+            except BaseException as err:  # never a silent "" for a check that did not run
+                message = f"unexpected {err!r}"
             os.write(write, message.encode())
         finally:
             os._exit(0)
@@ -254,7 +256,7 @@ def test_a_key_the_service_user_cannot_read_is_a_start_error_naming_the_flag_var
 def test_a_missing_access_file_and_a_directory_are_start_errors_naming_their_flags(tmp_path: Path) -> None:
     missing = tmp_path / "access.json"
     with pytest.raises(server.StartError) as err:
-        components.check_files_readable(Config(state_dir=tmp_path, access_file=missing).resolved())
+        check_files_readable(Config(state_dir=tmp_path, access_file=missing).resolved())
     assert str(err.value).startswith(
         f"--access-file (or AGENT_REWIND_ACCESS_FILE) {missing}: no such file or directory; "
         f"the server runs as uid {os.getuid()}"
@@ -262,7 +264,7 @@ def test_a_missing_access_file_and_a_directory_are_start_errors_naming_their_fla
     with pytest.raises(
         server.StartError, match=r"^--tls-client-ca \(or AGENT_REWIND_TLS_CLIENT_CA\) .*: is a directory;"
     ):
-        components.check_files_readable(Config(state_dir=tmp_path, tls_client_ca=tmp_path).resolved())
+        check_files_readable(Config(state_dir=tmp_path, tls_client_ca=tmp_path).resolved())
 
 
 async def test_the_start_checks_the_files_before_reading_them(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Service configuration: command-line flags with environment fallbacks.
 
 `record.py` holds the Config record, `flag.py` how one flag is declared and read from the command
-line or the environment, `serve.py` the table of `serve` flags and the parsing. Every name is
+line or the environment, `serve.py` the table of `serve` flags and the parsing, `start.py` what stops a start for its
+configuration. Every name is
 importable from here, as it was when this was one module.
 """
 
@@ -15,22 +16,27 @@ from agent_rewind.config.serve import (
     from_arguments,
     parse_args,
 )
+from agent_rewind.config.start import FILE_FIELDS, StartError, check_files_readable, service_files
 
 __all__ = [
     "CREDENTIAL_VARIABLES",
     "DEFAULT_LISTEN",
     "ENV_PREFIX",
+    "FILE_FIELDS",
     "SERVE_FLAGS",
     "Config",
     "Flag",
     "ModelBackend",
+    "StartError",
     "add_arguments",
     "advertised",
     "build_parser",
+    "check_files_readable",
     "count",
     "from_arguments",
     "lease",
     "parse_args",
     "positive_int",
     "seconds",
+    "service_files",
 ]
