@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent_rewind.api.v1 import rewind_service_pb2, session_pb2
+from agent_rewind.api.v1 import rewind_service_pb2, session_pb2, session_service_pb2
 from agent_rewind.testing.processes import cli_processes
 from tests.integration.harness import FILES, Client, cli_pids, error_info, prompt_id, read, serve
 
@@ -142,6 +142,28 @@ async def test_a_prompt_that_finds_every_slot_busy_waits_for_one_first_come_firs
         await asyncio.gather(long_turn, *waiting)
         assert answered == ["first", "second"]
         assert len(cli_pids(config_dir=tmp_path / "claude")) == 1
+
+
+async def test_deleting_a_session_whose_prompt_waits_for_a_slot_ends_the_wait_at_once(tmp_path: Path) -> None:
+    """The queued prompt is SESSION_NOT_FOUND as soon as the deletion begins: neither waits out
+    --live-session-wait, and no process of the deleted session ever starts."""
+    async with serve(tmp_path, max_live_sessions=1, live_session_wait=60) as c:
+        busy, doomed = await c.create(), await c.create()
+        long_turn = asyncio.create_task(c.prompt(busy.session_id, "sleep 20\nsay done"))
+        await c.wait_for_state(busy.session_id, session_pb2.SESSION_STATE_RUNNING)
+        queued = asyncio.create_task(c.prompt(doomed.session_id, "say never"))
+        await asyncio.sleep(0.5)
+        assert not queued.done()
+        started = asyncio.get_running_loop().time()
+        delete = session_service_pb2.DeleteSessionRequest(session_id=doomed.session_id)
+        await asyncio.wait_for(c.sessions.DeleteSession(delete), 10)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(queued, 10)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+        assert asyncio.get_running_loop().time() - started < 10 and not long_turn.done()
+        assert not cli_pids(doomed.session_id)
+        long_turn.cancel()
 
 
 async def test_a_burst_of_calls_to_a_hibernated_session_resumes_it_once(tmp_path: Path) -> None:

@@ -119,7 +119,14 @@ class Lifecycle:
             await asyncio.to_thread(pin_leaf, self._view.index().path, w.session_id, at)
             return replace(spec, resume_session_at=at)
 
-        client = await w.process.start(await self._spec(), ready=ready, wait=wait)
+        def give_up() -> None:
+            """Ends a wait for a slot once no process of the session may start: it is being
+            deleted (SESSION_NOT_FOUND), or the server stops."""
+            w.check_not_deleted()
+            if w.status.stopping:
+                raise ShuttingDown()
+
+        client = await w.process.start(await self._spec(), ready=ready, wait=wait, give_up=give_up)
         if not w.record.started:
             await self._ctx.ledger.touch_session(w.session_id, started=True)
             w.record = replace(w.record, started=True)

@@ -96,9 +96,13 @@ class LiveSlots:
         if session_id in self._holders:
             self._holders.move_to_end(session_id)
 
-    async def acquire(self, session_id: str, evict: Evict, *, wait: bool = True) -> None:
+    async def acquire(
+        self, session_id: str, evict: Evict, *, wait: bool = True, give_up: Callable[[], None] | None = None
+    ) -> None:
         """A slot for a process `session_id` is about to start (it has none running). `wait`:
-        queue for one when every slot is busy (else fail at once)."""
+        queue for one when every slot is busy (else fail at once). `give_up` is called at each look
+        while waiting: what it raises ends the wait (the session is being deleted, the server
+        stops), so that nothing waits out the queue for a process that will never start."""
         if session_id in self._holders:
             self._holders.move_to_end(session_id)
             return
@@ -112,6 +116,8 @@ class LiveSlots:
         started = time.monotonic()
         try:
             while True:
+                if give_up is not None:
+                    give_up()
                 if self._queue[0] is ticket and await self._take(session_id, evict):
                     log.info(
                         "live slot after a wait",

@@ -52,11 +52,18 @@ class AgentProcess:
     def pid(self) -> int | None:
         return self.client.pid if self.client is not None else None
 
-    async def start(self, spec: ClientSpec, *, ready: Ready | None = None, wait: bool = True) -> AgentClient:
+    async def start(
+        self,
+        spec: ClientSpec,
+        *,
+        ready: Ready | None = None,
+        wait: bool = True,
+        give_up: Callable[[], None] | None = None,
+    ) -> AgentClient:
         """A new process for `spec`, after any process let go before it has exited. `ready`
         readies the session's files for it and may change the spec: run once the process has its
         slot, so that a start refused for want of one changes nothing. `wait`: queue for a slot
-        when every one is busy (`LiveSlots.acquire`)."""
+        when every one is busy; `give_up` raises to stop waiting (`LiveSlots.acquire`)."""
         if self.stopped:
             raise ShuttingDown()
         if self.client is not None:
@@ -65,7 +72,8 @@ class AgentProcess:
         await self.settle()
         slots = self._slots if self._evict is not None else None
         if slots is not None and self._evict is not None:
-            await slots.acquire(self._session_id, self._evict, wait=wait)  # LIVE_SESSIONS_EXHAUSTED
+            # LIVE_SESSIONS_EXHAUSTED
+            await slots.acquire(self._session_id, self._evict, wait=wait, give_up=give_up)
         try:
             if ready is not None:
                 spec = await ready(spec)

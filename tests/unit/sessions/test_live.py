@@ -173,3 +173,21 @@ async def test_a_call_that_may_not_wait_is_refused_at_once_and_behind_a_queue_no
     await asyncio.wait_for(waiting, 1)
     assert set(slots._holders) == {"c"} and not late.done()
     late.cancel()
+
+
+async def test_what_give_up_raises_ends_a_wait_and_leaves_the_queue() -> None:
+    slots = LiveSlots(1, wait=30)
+    await _Session(slots, "a", busy=True).take()
+    gone = False
+
+    def give_up() -> None:
+        if gone:
+            raise LookupError("deleted")
+
+    waiting = asyncio.ensure_future(slots.acquire("b", _Session(slots, "b").evict, give_up=give_up))
+    await asyncio.sleep(0.15)
+    assert not waiting.done() and slots.waiting == 1
+    gone = True
+    with pytest.raises(LookupError):
+        await asyncio.wait_for(waiting, 1)
+    assert slots.waiting == 0 and set(slots._holders) == {"a"}
