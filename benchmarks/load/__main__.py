@@ -25,6 +25,11 @@ from benchmarks.load.analysis import analyze
 from benchmarks.load.report import run_report, scaling_report, update_docs
 
 SCALING = (50, 200, 1000)
+# What --scaling offers at every size, in calls/s: well under what 8 live slots answer on 2 cores
+# (about 7 calls/s of the mix, 40% of them prompts, most of which start a CLI), so that what grows
+# with the sessions is what each call costs, not a queue. Closed loops at every size would offer
+# as many calls at once as there are sessions: at 1,000, a queue of them whatever a call costs.
+SCALING_RATE = 2.5
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,7 +49,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "--max-live-sessions", type=int, default=d.max_live, help=f"per server (default {d.max_live})"
     )
     p.add_argument(
-        "--seconds", type=float, default=120.0, help="the measured window of each run (default 120)"
+        "--seconds",
+        type=float,
+        default=None,
+        help="the measured window of each run (default 120; with --scaling, 240)",
     )
     p.add_argument(
         "--replicas", type=int, default=1, choices=(1, 2), help="2: two replicas on PostgreSQL (pgserver)"
@@ -54,6 +62,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--think", type=float, default=d.think, help="mean seconds between a loop's calls (default 0)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        metavar="CALLS_PER_S",
+        help="the calls offered per second in all, the same at every size: each loop thinks a mean of "
+        f"sessions/rate seconds between calls (default: closed loops; with --scaling, {SCALING_RATE:g})",
     )
     p.add_argument(
         "--warmup-turns",
@@ -109,16 +125,19 @@ async def _main(args: argparse.Namespace) -> int:
     facts = machine()
     started = time.monotonic()
     runs = []
+    rate = args.rate if args.rate is not None else SCALING_RATE if args.scaling and not args.think else 0.0
+    seconds = args.seconds if args.seconds is not None else 240.0 if args.scaling else 120.0
     for sessions in sizes:
         options = runner.Options(
             sessions=sessions,
             principals=args.principals,
             watchers=args.watchers,
             max_live=args.max_live_sessions,
-            seconds=args.seconds,
+            seconds=seconds,
             replicas=args.replicas,
             processes=args.processes,
-            think=args.think,
+            think=sessions / rate if rate > 0 else args.think,
+            rate=rate,
             warmup_turns=args.warmup_turns,
             recall=args.recall,
             seed=seed,

@@ -39,9 +39,15 @@ def _trend(row: Mapping[str, Any]) -> str:
 def _title(a: Mapping[str, Any]) -> str:
     o = a["options"]
     where = "one server" if o["replicas"] == 1 else f"{o['replicas']} replicas on PostgreSQL"
+    if o.get("rate"):
+        offered = f", {o['rate']:g} calls/s offered"
+    elif o.get("think"):
+        offered = f", a mean {o['think']:g} s between a loop's calls"
+    else:
+        offered = ", closed loops"
     return (
         f"{o['sessions']:,} sessions of {o['principals']} principals, {where}, --max-live-sessions "
-        f"{o['max_live']}, {o['watchers']} watchers, {a['window_s']:.0f} s"
+        f"{o['max_live']}, {o['watchers']} watchers{offered}, {a['window_s']:.0f} s"
     )
 
 
@@ -236,6 +242,12 @@ def scaling_report(runs: Sequence[Mapping[str, Any]], anchor: Mapping[str, Any] 
                         f"same {anchor['clients']} clients at once: {fmt_time(prompt)} / {fmt_time(sdk[key]['p50'])} "
                         f"= {fmt_ratio(prompt / sdk[key]['p50'])}"
                     )
+    rate = small["options"].get("rate") or 0
+    if rate:
+        report.notes.append(
+            f"offered: {rate:g} calls/s in all at every size (each session's loop thinks a mean of "
+            f"sessions/{rate:g} s between its calls), so what grows from row to row is the number of sessions"
+        )
     report.notes += [
         "CPU per call: the server processes' own user + system time over the window, over every call they "
         "answered (a back-pressure refusal is a call: it costs the servers a slot check, and more)",

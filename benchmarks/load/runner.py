@@ -41,6 +41,7 @@ class Options:
     replicas: int = 1
     processes: int = 2  # client processes
     think: float = 0.0
+    rate: float = 0.0  # the calls/s offered in all that set `think` (0: `think` as given)
     warmup_turns: int = 2
     recall: int = 4  # sessions per client process asked `recall` at the end
     seed: int = 0
