@@ -568,11 +568,20 @@ class Loop:
 
     async def run(self) -> None:
         think = self.w.plan.think
+        # With a think time the calls arrive as a Poisson process: the first after a wait of the
+        # same law (not every loop at once when the window opens), and no wait past its end.
+        if think > 0:
+            await self._think(think)
         while time.monotonic() < self.w.deadline:
             with contextlib.suppress(Refused):  # recorded; the model is unchanged (or resynced)
                 await self.step()
             if think > 0:
-                await asyncio.sleep(self.rng.expovariate(1 / think))
+                await self._think(think)
+
+    async def _think(self, mean: float) -> None:
+        left = self.w.deadline - time.monotonic()
+        if left > 0:
+            await asyncio.sleep(min(self.rng.expovariate(1 / mean), left))
 
 
 class _StreamFailed(Exception):
