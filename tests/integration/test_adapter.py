@@ -239,3 +239,47 @@ def _injected() -> dict[str, str]:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier
+
+
+async def test_a_cli_program_busy_at_exec_is_started_once_it_is_free(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """ETXTBSY: a process forked while the service wrote the session's program holds it open for
+    writing until it execs, and the kernel refuses to run the program meanwhile. Here a process of
+    our own holds it open for 0.3 s; the start is tried again and succeeds."""
+    program = tmp_path / "cli"
+    program.write_text(f'#!/bin/sh\nexec {adapter.cli_binary()} "$@"\n')
+    program.chmod(0o700)
+    holder = subprocess.Popen(  # noqa: ASYNC220 - in place before anything is awaited
+        [
+            "python3",
+            "-c",
+            f"import time; f = open({str(program)!r}, 'a'); print(flush=True); time.sleep(0.3)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout is not None and holder.stdout.readline()  # it holds the file open now
+    with pytest.raises(OSError) as busy:
+        subprocess.run([str(program), "--version"], check=False)  # noqa: ASYNC221 - refused at once
+    assert "Text file busy" in str(busy.value), "the kernel refuses a program open for writing"
+    client = _client(_spec(tmp_path, model, cli_path=program))
+    try:
+        await client.start()
+        assert client.alive
+        assert isinstance((await _turn(client, "say ready"))[-1], ResultEvent)
+    finally:
+        await client.close()
+        holder.wait()
+
+
+def test_only_a_text_file_busy_error_is_tried_again() -> None:
+    import errno as errno_codes
+
+    wrapped = RuntimeError("Failed to start Claude Code")
+    wrapped.__cause__ = OSError(errno_codes.ETXTBSY, "Text file busy")
+    assert adapter._text_file_busy(wrapped)
+    assert adapter._text_file_busy(
+        RuntimeError("Failed to start Claude Code: [Errno 26] Text file busy: '/x/cli'")
+    )
+    assert not adapter._text_file_busy(RuntimeError("Failed to start Claude Code: [Errno 2] No such file"))
+    assert not adapter._text_file_busy(OSError(errno_codes.EACCES, "Permission denied"))

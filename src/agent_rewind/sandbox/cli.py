@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_rewind.sandbox import launcher
-from agent_rewind.sandbox.commands import SandboxUnavailable, SessionSandbox, existing
+from agent_rewind.sandbox.commands import SandboxUnavailable, SessionSandbox, existing, write_program
 
 # What every CLI may read and run (the links among them lead into /usr).
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -242,7 +242,4 @@ def _write_program(path: Path, line: str) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    staged = path.with_suffix(".new")
-    staged.write_text(text)
-    staged.chmod(0o700)
-    os.replace(staged, path)
+    write_program(path, text)

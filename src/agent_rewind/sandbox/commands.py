@@ -111,6 +111,21 @@ def session_dir(root: Path, session_id: str) -> Path:
     return root / session_id
 
 
+def write_program(path: Path, text: str) -> None:
+    """Makes `path` a program (mode 0700) of `text`, atomically, and only when it is not that
+    already: a program rewritten at every start of a session's CLI would be refused at exec
+    (ETXTBSY) whenever a process forked meanwhile still holds the new file open for writing."""
+    try:
+        if path.read_text() == text and path.stat().st_mode & 0o777 == 0o700:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    staged = path.with_suffix(".new")
+    staged.write_text(text)
+    staged.chmod(0o700)
+    os.replace(staged, path)
+
+
 def private_directories(base: Path) -> SessionSandbox:
     """The session's temporary and runtime directories under `base`, made if missing."""
     tmp, runtime = base / "tmp", base / "run"
@@ -232,10 +247,7 @@ class CommandSandbox:
             proxy=proxy and self.proxy_socket is not None and self.socat is not None,
             limits=self.limits,
         )
-        staged = command.with_suffix(".new")
-        staged.write_text(text)
-        staged.chmod(0o700)
-        os.replace(staged, command)
+        write_program(command, text)
         return dataclasses.replace(dirs, command=command)
 
     def _arguments(self, workspace: Path, tmp: Path, *, proxy: bool, proxy_url: str) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import warnings
@@ -235,6 +236,20 @@ class AgentClient(Protocol):
     async def close(self) -> None: ...
 
 
+# Starts of the CLI tried when its program is "busy" (ETXTBSY) at exec.
+_EXEC_ATTEMPTS = 5
+
+
+def _text_file_busy(err: BaseException) -> bool:
+    """The CLI's exec failed with ETXTBSY (the SDK wraps the OSError, or names it)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ETXTBSY:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "[Errno 26]" in str(err) or "Text file busy" in str(err)
+
+
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -314,7 +329,8 @@ class SdkAgentClient:
         close_timeout: float = 10.0,
     ) -> None:
         self._spec = spec
-        self._client = ClaudeSDKClient(build_options(spec, policy))
+        self._options = build_options(spec, policy)
+        self._client = ClaudeSDKClient(self._options)
         self._connect_timeout = connect_timeout
         self._close_timeout = close_timeout
         self._host: asyncio.Task[None] | None = None
@@ -345,12 +361,24 @@ class SdkAgentClient:
             # every later turn, another caller's too, would carry. The CLI starts from none (this
             # task's own context); the service's spans carry the caller's.
             otel_context.attach(otel_context.Context())
-            try:
-                await self._client.connect()
-            except BaseException as err:
-                if not ready.done():
-                    ready.set_exception(AgentError(f"the Claude Code CLI did not start: {err}"))
-                return
+            for attempt in range(_EXEC_ATTEMPTS):
+                try:
+                    await self._client.connect()
+                    break
+                except BaseException as err:
+                    if attempt + 1 < _EXEC_ATTEMPTS and _text_file_busy(err):
+                        # The session's program was just written, and a process forked meanwhile
+                        # (another session's CLI, a git of a snapshot) holds the file open for
+                        # writing until it execs: the kernel refuses to run it for that moment.
+                        # Go's os/exec retries so too (golang/go#22315).
+                        with contextlib.suppress(Exception):
+                            await self._client.disconnect()
+                        self._client = ClaudeSDKClient(self._options)
+                        await asyncio.sleep(0.05 * (attempt + 1))
+                        continue
+                    if not ready.done():
+                        ready.set_exception(AgentError(f"the Claude Code CLI did not start: {err}"))
+                    return
             # Kept: a slot is freed only once this process has exited, whatever the SDK's
             # disconnect manages (see `close`).
             self._started_process = self._process()

@@ -20,7 +20,7 @@ import pytest
 
 from agent_rewind.sandbox import CommandSandbox, SandboxUnavailable, launcher
 from agent_rewind.sandbox.cli import PROGRAMS, CliConfinement, niced
-from agent_rewind.sandbox.commands import private_directories
+from agent_rewind.sandbox.commands import private_directories, write_program
 
 
 @pytest.fixture
@@ -393,3 +393,19 @@ def test_an_unconfined_cli_that_cannot_be_started_says_so(tmp_path: Path) -> Non
     done = subprocess.run([program], capture_output=True, text=True, check=False)
     assert done.returncode == 126
     assert "the CLI could not be started" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_session_s_program_is_written_only_when_it_changes(tmp_path: Path) -> None:
+    """Rewritten at every start, it would be refused at exec (ETXTBSY) whenever a process forked
+    meanwhile still held the new file open for writing: unchanged, it is left as it is."""
+    program = tmp_path / "cli"
+    write_program(program, "#!/bin/sh\necho one\n")
+    first = program.stat()
+    assert first.st_mode & 0o777 == 0o700
+    write_program(program, "#!/bin/sh\necho one\n")
+    assert program.stat().st_ino == first.st_ino and program.stat().st_mtime_ns == first.st_mtime_ns
+    program.chmod(0o755)
+    write_program(program, "#!/bin/sh\necho one\n")
+    assert program.stat().st_mode & 0o777 == 0o700 and program.stat().st_ino != first.st_ino
+    write_program(program, "#!/bin/sh\necho two\n")
+    assert subprocess.run([program], capture_output=True, text=True, check=True).stdout == "two\n"
