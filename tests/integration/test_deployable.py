@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent_rewind import components, server, tracing
+from agent_rewind import agents, components, server, tracing
 from agent_rewind.api.v1 import rewind_pb2, rewind_service_pb2, session_service_pb2
 from agent_rewind.events import EventHub
 from agent_rewind.replicas import Membership
@@ -185,7 +185,7 @@ def _serving_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 # Each step of a start, in order, and how the test makes it fail (instead of doing its work).
 START_STEPS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "the sandbox's egress proxy": lambda m: m.setattr(EgressProxy, "start", _refuse_later),
-    "the scripted model": lambda m: m.setattr(components, "ScriptedModel", _refuse),
+    "the scripted model": lambda m: m.setattr(agents, "ScriptedModel", _refuse),
     "the ledger": lambda m: m.setattr(SqliteLedger, "open", _refuse_later),
     "the event hub": lambda m: m.setattr(EventHub, "start", _refuse_later),
     "the snapshot threads": lambda m: m.setattr(components, "Snapshots", _refuse),
