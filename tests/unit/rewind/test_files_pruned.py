@@ -10,6 +10,8 @@ Claude Code, with the deletions.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agent_rewind.errors import AgentRewindError
@@ -23,7 +25,12 @@ P2 = {"a.txt": "v2\n", "c.txt": "sea\n"}
 
 async def _three_turns_the_first_two_pruned(make_setup: MakeSetup, **kw: bool) -> tuple[Setup, list[str]]:
     s = await make_setup(**kw)
-    ids = [await s.prompt(text, edits) for text, edits in (("zero", P0), ("one", P1), ("two", P2))]
+    ids = []
+    for text, edits in (("zero", P0), ("one", P1), ("two", P2)):
+        ids.append(await s.prompt(text, edits))
+        # The fake CLI's turns take less than the millisecond a point's create_time counts in;
+        # the mark is a time, so the kept point must come strictly later than the pruned ones.
+        await asyncio.sleep(0.005)
     points = (await s.worker.view()).points
     kept = points[2].create_time
     assert kept is not None and points[1].create_time is not None and points[1].create_time < kept
